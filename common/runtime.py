@@ -1,0 +1,286 @@
+"""The exact transformer runtime: prefill, partial recompute and decode over explicit KV.
+
+Plain tensor ops over the loaded model's own weights (Llama, Mistral, Qwen2, Qwen3), so its
+full recompute equals the transformers forward (DESIGN.md decision 6) and every strategy's
+quality difference is the strategy's.
+
+Partial recompute (`Runtime.forward`) — the rules:
+- `ids`/`positions` are the tokens run at layer 0, strictly increasing positions. A position
+  the cache already holds is *recomputed* (its K/V overwritten at every layer it is active in);
+  a position after everything the cache holds is *new* (appended).
+- `active[l]` are the positions run at layer l. Hidden states flow only forward, so a token
+  can only be active at layer l if it was active at layer l−1: active[l] ⊆ active[l−1], with
+  active[0] = all of `positions`. A token that drops out keeps its cached K/V in deeper layers.
+  New tokens have no cached K/V at all, so they must stay active at every layer.
+- Each active query at position p attends to the whole cache (fresh K/V for active tokens,
+  cached K/V for the rest) under the position-based mask (keys at positions ≤ p).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
+from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
+from kvedge.common.rope import Rope, head_dim_of
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class LayerWeights:
+    ln1: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    bq: torch.Tensor | None
+    bk: torch.Tensor | None
+    bv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    ln2: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    window: int | None
+
+    @classmethod
+    def of(cls, layer, window) -> "LayerWeights":
+        attn, mlp = layer.self_attn, layer.mlp
+        norm = lambda m: None if m is None else m.weight  # noqa: E731
+        return cls(layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
+                   attn.v_proj.weight, attn.o_proj.weight, attn.q_proj.bias, attn.k_proj.bias,
+                   attn.v_proj.bias, norm(getattr(attn, "q_norm", None)),
+                   norm(getattr(attn, "k_norm", None)), layer.post_attention_layernorm.weight,
+                   mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, window)
+
+
+def layer_windows(config) -> list[int | None]:
+    """Sliding-window size per layer, as transformers applies it (None = full attention)."""
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "mistral":
+        return [window] * n
+    types = getattr(config, "layer_types", None) or ["full_attention"] * n
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, cast back, then scaled — transformers' order of operations."""
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass
+class LayerCapture:
+    """What a forward records per layer, on request: pre-RoPE q/k and the values."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)     # (Hkv, N, D) pre-RoPE
+    values: list[torch.Tensor] = field(default_factory=list)   # (Hkv, N, D)
+    queries: list[torch.Tensor] = field(default_factory=list)  # (Hq, N, D) pre-RoPE
+    want_queries: bool = False
+
+
+# observe(layer, q_rot (Hkv, G, N, D), q_pos (N,), cache_layer) → None; for scoring methods
+Observer = Callable[[int, torch.Tensor, torch.Tensor, LayerKV], None]
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor | None      # (n_out, vocab) for the last active tokens
+    positions: torch.Tensor          # positions active at the last layer
+    hidden: torch.Tensor             # (n_last_active, hidden) after the final norm
+
+
+class Runtime:
+    """Runs a loaded transformers causal LM with plain tensor ops over explicit KV caches."""
+
+    def __init__(self, loaded):
+        model = getattr(loaded, "model", loaded)
+        self.loaded, self.model, self.config = loaded, model, model.config
+        cfg = self.config
+        if cfg.model_type not in SUPPORTED_TYPES:
+            raise UnsupportedArchitecture(f"model type {cfg.model_type!r} is not supported; "
+                                          f"supported: {SUPPORTED_TYPES}")
+        if getattr(cfg, "mlp_bias", False):
+            raise UnsupportedArchitecture("MLP biases are not supported")
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[cfg.hidden_act]
+        self.n_layers, self.n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.group = self.n_heads // self.n_kv
+        self.head_dim = head_dim_of(cfg)
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        self.rope = Rope(cfg)
+        windows = layer_windows(cfg)
+        self.layers = [LayerWeights.of(layer, w) for layer, w in zip(model.model.layers, windows)]
+        self.embed = model.model.embed_tokens.weight
+        self.final_norm = model.model.norm.weight
+        self.lm_head = model.lm_head.weight
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+    @property
+    def device(self):
+        return self.embed.device
+
+    def empty_cache(self, reserve: int = 0) -> list[DenseKV]:
+        return [DenseKV.empty(self.n_kv, self.head_dim, self.dtype, self.device, reserve)
+                for _ in range(self.n_layers)]
+
+    # ------------------------------------------------------------------ one layer
+
+    def qkv(self, w: LayerWeights, h: torch.Tensor):
+        """h (N, hidden) normed → pre-RoPE q (Hq, N, D), k (Hkv, N, D), v (Hkv, N, D)."""
+        n = h.shape[0]
+        q = F.linear(h, w.wq, w.bq).view(n, self.n_heads, self.head_dim)
+        k = F.linear(h, w.wk, w.bk).view(n, self.n_kv, self.head_dim)
+        v = F.linear(h, w.wv, w.bv).view(n, self.n_kv, self.head_dim)
+        if w.q_norm is not None:  # Qwen3: RMSNorm over each head vector, before RoPE
+            q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
+        return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+
+    def layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, cos, sin, cache: LayerKV,
+              is_new: torch.Tensor, capture: LayerCapture | None, observe: Observer | None):
+        """x (N, hidden) of the active tokens → (N, hidden); writes their K/V into the cache."""
+        from kvedge.kernels.rope import apply_rotary
+
+        w = self.layers[i]
+        q, k, v = self.qkv(w, rms_norm(x, w.ln1, self.eps))
+        if capture is not None:
+            capture.keys.append(k)
+            capture.values.append(v)
+            if capture.want_queries:
+                capture.queries.append(q)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        old = ~is_new
+        if bool(old.any()):
+            cache.overwrite(pos[old], k[:, old], v[:, old])
+        if bool(is_new.any()):
+            cache.append(pos[is_new], k[:, is_new], v[:, is_new])
+        q = q.view(self.n_kv, self.group, -1, self.head_dim)  # (Hkv, G, N, D)
+        if observe is not None:
+            observe(i, q, pos, cache)
+        attn = cache.attend(q, pos, self.scale, w.window)  # (Hkv, G, N, D)
+        attn = attn.reshape(self.n_heads, -1, self.head_dim).transpose(0, 1).reshape(x.shape[0], -1)
+        x = x + F.linear(attn, w.wo)
+        h = rms_norm(x, w.ln2, self.eps)
+        return x + F.linear(self.act(F.linear(h, w.w_gate)) * F.linear(h, w.w_up), w.w_down)
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: list[LayerKV],
+                active: list[torch.Tensor] | None = None, *, logits: str = "last",
+                capture: LayerCapture | None = None, observe: Observer | None = None,
+                seq_len: int | None = None) -> ForwardOutput:
+        """Run `ids` at `positions` through every layer against `cache` (see module rules).
+
+        logits: "last" (the last token active at the final layer), "all" or "none".
+        seq_len: the context length RoPE frequencies are computed for (dynamic/longrope);
+        defaults to the largest position + 1.
+        """
+        ids, positions = ids.to(self.device), positions.to(self.device, torch.long)
+        if positions.numel() == 0 or bool((positions[1:] <= positions[:-1]).any()):
+            raise CacheError("positions must be non-empty and strictly increasing")
+        is_new = positions > max(layer.max_pos for layer in cache)
+        active = self._check_active(active, positions, is_new)
+        seq_len = seq_len or int(positions[-1]) + 1
+        cos, sin = self.rope.cos_sin(positions, seq_len)
+        x = F.embedding(ids, self.embed)
+        pos = positions
+        for i in range(self.n_layers):
+            keep = active[i]
+            if keep is not None:  # narrow to this layer's active subset
+                x, pos, cos, sin, is_new = x[keep], pos[keep], cos[keep], sin[keep], is_new[keep]
+            x = self.layer(i, x, pos, cos, sin, cache[i], is_new, capture, observe)
+        hidden = rms_norm(x, self.final_norm, self.eps)
+        out = None
+        if logits == "last":
+            out = F.linear(hidden[-1:], self.lm_head)
+        elif logits == "all":
+            out = F.linear(hidden, self.lm_head)
+        return ForwardOutput(out, pos, hidden)
+
+    def _check_active(self, active, positions, is_new) -> list[torch.Tensor | None]:
+        """Per layer: None (same set as the layer before) or indices into the previous set."""
+        if active is None:
+            return [None] * self.n_layers
+        if len(active) != self.n_layers:
+            raise ActiveSetError(f"need one active set per layer ({self.n_layers}), got {len(active)}")
+        steps, prev = [], positions
+        for i, cur in enumerate(active):
+            cur = torch.as_tensor(cur, dtype=torch.long, device=positions.device)
+            idx = torch.searchsorted(prev, cur).clamp(max=prev.numel() - 1)
+            if cur.numel() == 0 or bool((prev[idx] != cur).any()) or \
+                    bool((cur[1:] <= cur[:-1]).any()):
+                raise ActiveSetError(
+                    f"layer {i}: active positions must be a non-empty, sorted subset of layer "
+                    f"{i - 1 if i else 'input'}'s (a token's hidden state comes from the layer below)")
+            if i == 0 and cur.numel() != positions.numel():
+                raise ActiveSetError("layer 0 must run every input token")
+            steps.append(None if cur.numel() == prev.numel() else idx)
+            prev = cur
+        new_positions = positions[is_new]
+        if not bool(torch.isin(new_positions, prev).all()):
+            raise ActiveSetError("new tokens (after the cached context) must be active at every "
+                                 "layer: they have no cached K/V to fall back on")
+        return steps
+
+    # ------------------------------------------------------------------ prefill & realign
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *,
+                want_queries: bool = False, observe: Observer | None = None,
+                logits: str = "last") -> "PrefillResult":
+        """Prefill one segment from an empty cache (positions default to 0..T-1).
+
+        Returns the pre-RoPE keys and the values per layer (what packs store), the pre-RoPE
+        queries on request, the filled (rotated) cache and the logits.
+        """
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if positions is None:
+            positions = torch.arange(ids.numel())
+        capture = LayerCapture(want_queries=want_queries)
+        cache = self.empty_cache(reserve=ids.numel())
+        out = self.forward(ids, positions, cache, capture=capture, observe=observe, logits=logits)
+        return PrefillResult(capture.keys, capture.values,
+                             capture.queries if want_queries else None, cache, out.logits,
+                             positions.to(self.device, torch.long))
+
+    def realign(self, keys: torch.Tensor, positions: torch.Tensor, seq_len: int | None = None):
+        """Pre-RoPE keys (..., T, D) → rotated to target positions (T,) (A3 Eq. 2)."""
+        return self.rope.rotate(keys, positions.to(keys.device), seq_len)
+
+    def dense_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor],
+                    positions: torch.Tensor, reserve: int = 0, seq_len: int | None = None):
+        """A cache from pre-RoPE keys (Hkv, T, D) and values, realigned to `positions`."""
+        positions = positions.to(self.device, torch.long)
+        return [DenseKV(self.realign(k, positions, seq_len), v, positions, reserve)
+                for k, v in zip(keys, values)]
+
+    def ragged_cache(self, keys: list[list[torch.Tensor]], values: list[list[torch.Tensor]],
+                     positions: list[list[torch.Tensor]], reserve: int = 0,
+                     seq_len: int | None = None):
+        """A ragged cache: per layer, per KV head, pre-RoPE keys (n_h, D) at their positions."""
+        return [RaggedKV([self.realign(k, p, seq_len) for k, p in zip(ks, ps)], vs, ps, reserve)
+                for ks, vs, ps in zip(keys, values, positions)]
+
+
+@dataclass
+class PrefillResult:
+    keys: list[torch.Tensor]               # per layer (Hkv, T, D), pre-RoPE
+    values: list[torch.Tensor]             # per layer (Hkv, T, D)
+    queries: list[torch.Tensor] | None     # per layer (Hq, T, D), pre-RoPE
+    cache: list[DenseKV]                   # rotated at the prefill positions
+    logits: torch.Tensor | None
+    positions: torch.Tensor

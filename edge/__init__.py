@@ -1,0 +1,1 @@
+"""Edge tier: the `kvedge serve` daemon, pack cache, retrieval, reuse strategies, decoding."""
