@@ -32,8 +32,11 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
     for start in range(0, n_q, QUERY_CHUNK):
         stop = min(start + QUERY_CHUNK, n_q)
         mask = visible(q_pos[start:stop], k_pos, window)  # (tq, Tk)
-        qc = q[:, :, start:stop].reshape(n_kv, group * (stop - start), dim)
-        oc = F.scaled_dot_product_attention(qc, k, v, attn_mask=mask.repeat(group, 1), scale=scale)
+        qc = q[:, :, start:stop].reshape(1, n_kv * group, stop - start, dim)
+        # 4-D with enable_gqa reaches the fused CPU/GPU kernels (a 3-D call falls back to the
+        # unfused math path: ~5× slower); kv head j serves query heads jG..jG+G−1, as in HF
+        oc = F.scaled_dot_product_attention(qc, k[None], v[None], attn_mask=mask, scale=scale,
+                                            enable_gqa=group > 1)
         oc = oc.view(n_kv, group, stop - start, dim)
         blind = ~mask.any(-1)
         if blind.any():

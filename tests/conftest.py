@@ -1,0 +1,35 @@
+import os
+
+# Triton has no CPU backend: kernels run in its interpreter, which reads this at import time.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+TINY = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"]
+
+
+def pytest_configure(config):
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from kvedge.common.models import load_model
+
+    return load_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_rt(smollm2):
+    from kvedge.common.runtime import Runtime
+
+    return Runtime(smollm2)
+
+
+def tiny_runtime(name):
+    from kvedge.common.models import load_model
+    from kvedge.common.runtime import Runtime
+
+    return Runtime(load_model(name))
