@@ -61,6 +61,10 @@ class HeadBuffer:
         self.pos[self.n: self.n + n_new] = pos
         self.n += n_new
 
+    def truncate(self, last_pos: int) -> None:
+        """Forget every position after `last_pos` (e.g. a question and its answer)."""
+        self.n = int(torch.searchsorted(self.positions, torch.tensor(last_pos), right=True))
+
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.pos.numel(), 16)
         for name in ("k", "v"):
@@ -97,6 +101,9 @@ class DenseKV:
 
     def append(self, pos, k, v):
         self.buf.append(pos, k, v)
+
+    def truncate(self, last_pos: int) -> None:
+        self.buf.truncate(last_pos)
 
     def attend(self, q, q_pos, scale, window=None):
         """q (Hkv, G, Tq, D) → (Hkv, G, Tq, D)."""
@@ -136,6 +143,10 @@ class RaggedKV:
         for h, head in enumerate(self.heads):
             head.append(pos, k[h: h + 1], v[h: h + 1])
 
+    def truncate(self, last_pos: int) -> None:
+        for head in self.heads:
+            head.truncate(last_pos)
+
     def attend(self, q, q_pos, scale, window=None):
         out = torch.empty_like(q)
         for h, head in enumerate(self.heads):
@@ -151,6 +162,12 @@ class RaggedKV:
 
 
 LayerKV = DenseKV | RaggedKV
+
+
+def truncate_cache(cache: list[LayerKV], last_pos: int) -> None:
+    """Drop everything after `last_pos` in every layer: the context stays, a turn is forgotten."""
+    for layer in cache:
+        layer.truncate(last_pos)
 
 
 def cache_nbytes(cache: list[LayerKV]) -> int:

@@ -94,3 +94,18 @@ def test_dense_cache_grows_and_keeps_contents():
         layer.append(torch.tensor([p]), torch.full((2, 1, 4), float(p)), torch.zeros(2, 1, 4))
     k, _, pos = layer.view()
     assert pos.tolist() == list(range(40)) and torch.equal(k[0, :, 0], torch.arange(40.0))
+
+
+def test_truncate_forgets_a_turn_and_answers_again_identically():
+    from kvedge.common.kvcache import truncate_cache
+
+    rt = tiny_runtime("tiny-qwen2")
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(5))
+    res = rt.prefill(ids[:20])
+    keep = [[torch.arange(0, 20, 2), torch.arange(20)] for _ in range(rt.n_layers)]
+    keys, values = per_head(res, keep)
+    for cache in (res.cache, rt.ragged_cache(keys, values, keep)):
+        first = list(generate(rt, cache, ids[20:25], torch.arange(20, 25), 4))
+        truncate_cache(cache, 19)
+        assert max(layer.max_pos for layer in cache) == 19
+        assert list(generate(rt, cache, ids[20:25], torch.arange(20, 25), 4)) == first
