@@ -88,6 +88,8 @@ class LayerCapture:
 
 # observe(layer, q_rot (Hkv, G, N, D), q_pos (N,), cache_layer) → None; for scoring methods
 Observer = Callable[[int, torch.Tensor, torch.Tensor, LayerKV], None]
+# per layer: the positions to run, or a callable plan(layer, current positions) → positions | None
+ActivePlan = list[torch.Tensor] | Callable[[int, torch.Tensor], torch.Tensor | None]
 
 
 @dataclass
@@ -180,11 +182,15 @@ class Runtime:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: list[LayerKV],
-                active: list[torch.Tensor] | None = None, *, logits: str = "last",
+                active: "ActivePlan | None" = None, *, logits: str = "last",
                 capture: LayerCapture | None = None, observe: Observer | None = None,
                 seq_len: int | None = None) -> ForwardOutput:
         """Run `ids` at `positions` through every layer against `cache` (see module rules).
 
+        active: None (every token at every layer), a list with one position set per layer,
+        or a callable `plan(layer, current_positions) -> positions | None` asked before each
+        layer — strategies that pick their recompute set from a shallow layer's attention
+        (A3, CacheBlend, SparseX) decide there, after observing the layers before.
         logits: "last" (the last token active at the final layer), "all" or "none".
         seq_len: the context length RoPE frequencies are computed for (dynamic/longrope);
         defaults to the largest position + 1.
@@ -192,17 +198,23 @@ class Runtime:
         ids, positions = ids.to(self.device), positions.to(self.device, torch.long)
         if positions.numel() == 0 or bool((positions[1:] <= positions[:-1]).any()):
             raise CacheError("positions must be non-empty and strictly increasing")
-        is_new = positions > max(layer.max_pos for layer in cache)
-        active = self._check_active(active, positions, is_new)
+        cached_until = max(layer.max_pos for layer in cache)
+        is_new = positions > cached_until
+        plan = self._plan(active, positions, is_new)
         seq_len = seq_len or int(positions[-1]) + 1
         cos, sin = self.rope.cos_sin(positions, seq_len)
         x = F.embedding(ids, self.embed)
         pos = positions
-        for i in range(self.n_layers):
-            keep = active[i]
-            if keep is not None:  # narrow to this layer's active subset
-                x, pos, cos, sin, is_new = x[keep], pos[keep], cos[keep], sin[keep], is_new[keep]
-            x = self.layer(i, x, pos, cos, sin, cache[i], is_new, capture, observe)
+        try:
+            for i in range(self.n_layers):
+                keep = self._narrow(i, pos, plan(i, pos), is_new)
+                if keep is not None:  # this layer runs a subset of the layer below's tokens
+                    x, pos, cos, sin, is_new = x[keep], pos[keep], cos[keep], sin[keep], is_new[keep]
+                x = self.layer(i, x, pos, cos, sin, cache[i], is_new, capture, observe)
+        except BaseException:
+            for layer in cache:  # a failed run leaves no half-appended tokens behind
+                layer.truncate(cached_until)
+            raise
         hidden = rms_norm(x, self.final_norm, self.eps)
         out = None
         if logits == "last":
@@ -211,30 +223,44 @@ class Runtime:
             out = F.linear(hidden, self.lm_head)
         return ForwardOutput(out, pos, hidden)
 
-    def _check_active(self, active, positions, is_new) -> list[torch.Tensor | None]:
-        """Per layer: None (same set as the layer before) or indices into the previous set."""
+    def _plan(self, active, positions, is_new):
+        """A callable plan; a list plan is checked whole before anything runs."""
         if active is None:
-            return [None] * self.n_layers
+            return lambda layer, current: None
+        if callable(active):
+            return active
         if len(active) != self.n_layers:
             raise ActiveSetError(f"need one active set per layer ({self.n_layers}), got {len(active)}")
-        steps, prev = [], positions
-        for i, cur in enumerate(active):
-            cur = torch.as_tensor(cur, dtype=torch.long, device=positions.device)
-            idx = torch.searchsorted(prev, cur).clamp(max=prev.numel() - 1)
-            if cur.numel() == 0 or bool((prev[idx] != cur).any()) or \
-                    bool((cur[1:] <= cur[:-1]).any()):
-                raise ActiveSetError(
-                    f"layer {i}: active positions must be a non-empty, sorted subset of layer "
-                    f"{i - 1 if i else 'input'}'s (a token's hidden state comes from the layer below)")
-            if i == 0 and cur.numel() != positions.numel():
-                raise ActiveSetError("layer 0 must run every input token")
-            steps.append(None if cur.numel() == prev.numel() else idx)
-            prev = cur
-        new_positions = positions[is_new]
-        if not bool(torch.isin(new_positions, prev).all()):
+        current = positions
+        for layer, want in enumerate(active):
+            keep = self._narrow(layer, current, want, is_new)
+            if keep is not None:
+                current, is_new = current[keep], is_new[keep]
+        return lambda layer, current: active[layer]
+
+    @staticmethod
+    def _narrow(layer: int, current: torch.Tensor, want, is_new: torch.Tensor):
+        """Indices of `want` within `current` (None: keep all), enforcing the module's rules."""
+        if want is None:
+            return None
+        want = torch.as_tensor(want, dtype=torch.long, device=current.device)
+        idx = torch.searchsorted(current, want).clamp(max=current.numel() - 1)
+        if want.numel() == 0 or bool((current[idx] != want).any()) or \
+                bool((want[1:] <= want[:-1]).any()):
+            raise ActiveSetError(
+                f"layer {layer}: active positions must be a non-empty, sorted subset of "
+                f"{'the input' if layer == 0 else f'layer {layer - 1}'}'s (a token's hidden "
+                "state comes from the layer below)")
+        if want.numel() == current.numel():
+            return None
+        if layer == 0:
+            raise ActiveSetError("layer 0 must run every input token")
+        dropped = torch.ones_like(is_new)
+        dropped[idx] = False
+        if bool((dropped & is_new).any()):
             raise ActiveSetError("new tokens (after the cached context) must be active at every "
                                  "layer: they have no cached K/V to fall back on")
-        return steps
+        return idx
 
     # ------------------------------------------------------------------ prefill & realign
 

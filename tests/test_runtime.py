@@ -138,3 +138,36 @@ def test_dropped_tokens_keep_cached_kv_in_deeper_layers():
     run = torch.tensor([5, 23])
     rt.forward(ids[run], run, cache, [run, run, torch.tensor([23])], logits="none")
     assert torch.equal(cache[2].view()[0][:, 5], before[:, 5])
+
+
+def test_callable_plan_decides_after_observing_a_shallow_layer():
+    """The A3/CacheBlend pattern: every token through layers 0–1, a subset chosen at layer 2
+    from what layer 1 showed; the same as that plan given up front as a list."""
+    rt = tiny_runtime("tiny-llama")
+    ids = random_ids(rt, 40, seed=9)
+    a, b = rt.prefill(ids[:15]), rt.prefill(ids[15:30])
+    keys = [torch.cat([x, y], 1) for x, y in zip(a.keys, b.keys)]
+    values = [torch.cat([x, y], 1) for x, y in zip(a.values, b.values)]
+    everything = torch.arange(40)
+    seen = {}
+
+    def observe(layer, q, pos, cache_layer):
+        if layer == 1:  # score context keys by the question's attention at layer 1
+            k, _, k_pos = cache_layer.view()
+            s = torch.einsum("hgqd,hkd->k", q[:, :, pos >= 30], k[:, k_pos < 30])
+            seen["chosen"] = torch.sort(torch.topk(s, 6).indices).values
+
+    def plan(layer, current):
+        return None if layer < 2 else torch.cat([seen["chosen"], torch.arange(30, 40)])
+
+    cache = rt.dense_cache(keys, values, torch.arange(30))
+    dynamic = rt.forward(ids, everything, cache, plan, observe=observe, logits="all")
+    listed_plan = [everything, everything, torch.cat([seen["chosen"], torch.arange(30, 40)])]
+    cache = rt.dense_cache(keys, values, torch.arange(30))
+    listed = rt.forward(ids, everything, cache, listed_plan, logits="all")
+    assert dynamic.positions.numel() == 16
+    assert torch.equal(dynamic.logits, listed.logits)
+    cache = rt.dense_cache(keys, values, torch.arange(30))
+    with pytest.raises(ActiveSetError, match="new tokens"):
+        rt.forward(ids, everything, cache, lambda layer, cur: None if layer < 2 else cur[:-1])
+    assert [layer.max_pos for layer in cache] == [29] * rt.n_layers  # nothing half-appended
