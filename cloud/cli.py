@@ -7,6 +7,15 @@ import click
 
 from kvedge.common.errors import KvedgeError
 
+CLOUD_ADDRESS = "127.0.0.1:50051"
+EDGE_ADDRESS = "127.0.0.1:50052"
+
+
+def home_path(*parts):
+    from kvedge.common.models import kvedge_home
+
+    return kvedge_home().joinpath(*parts)
+
 
 class KvedgeGroup(click.Group):
     """Turns kvedge's named errors into one clear line and exit code 2, not a traceback."""
@@ -65,17 +74,244 @@ def verify_cmd(model_name, tokens, tolerance):
     click.echo(f"runtime is exact on this model (tolerance {tolerance:g})")
 
 
+def main():  # pragma: no cover - console-script convenience
+    kvctl()
+
+
+# ---------------------------------------------------------------------- cloud gateway
+
+@kvctl.group("cloud")
+def cloud_group():
+    """Run the cloud gateway."""
+
+
+@cloud_group.command("up")
+@click.option("--data", "data_dir", type=click.Path(), default=None,
+              help="catalog, staging and tokens [default: $KVEDGE_HOME/cloud]")
+@click.option("--address", default=CLOUD_ADDRESS, show_default=True, help="host:port to listen on")
+@click.option("--ray-address", default=None, help="join this Ray cluster (default: start in-process)")
+@click.option("--store", "store_url", default=None, help="fsspec URL for packs [default: <data>/store]")
+@click.option("--model", "model_name", default="smollm2-135m-instruct", show_default=True)
+@click.option("--segment-tokens", default=512, show_default=True)
+@click.option("--codec", default="fp16", show_default=True, help="codec of the base pack variant")
+@click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
+@click.option("--cpus-per-actor", default=None, type=int, help="[default: all CPUs / actors]")
+def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec, actors,
+             cpus_per_actor):
+    """Start the gateway (blocks; Ctrl-C or SIGTERM stops it and the Ray it started)."""
+    import logging
+    import os
+    import signal
+    from pathlib import Path
+
+    from kvedge.cloud.gateway import GatewayConfig, serve
+    from kvedge.cloud.workers import start_ray
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    cpus = cpus_per_actor or max(1, (os.cpu_count() or 1) // actors)
+    config = GatewayConfig(Path(data_dir) if data_dir else home_path("cloud"), store_url,
+                           model_name, segment_tokens, codec, actors, cpus)
+    start_ray(ray_address, num_cpus=None if ray_address else max(os.cpu_count() or 1, cpus))
+    server, gateway, port = serve(config, address)
+    host = address.rsplit(":", 1)[0]
+    click.echo(f"gateway listening on {host}:{port} (data {config.data_dir}, store "
+               f"{config.store_url}); admin token in {config.data_dir / 'admin.token'}", err=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop(2)
+        import ray
+
+        ray.shutdown()
+
+
+def _cloud(address, token):
+    from kvedge.cloud.client import CloudClient
+    from kvedge.common.rpc import read_token
+
+    return CloudClient(address, read_token(token, home_path("cloud", "admin.token")))
+
+
+cloud_options = [
+    click.option("--cloud", "address", default=CLOUD_ADDRESS, show_default=True,
+                 help="gateway address"),
+    click.option("--token", default=None, help="[default: $KVEDGE_TOKEN or the local admin token]"),
+    click.option("--namespace", "-n", default="default", show_default=True),
+]
+
+
+def with_cloud(fn):
+    for option in reversed(cloud_options):
+        fn = option(fn)
+    return fn
+
+
+@kvctl.command("upload")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--name", required=True, help="knowledge base name")
+@with_cloud
+@click.option("--segment-tokens", default=0, help="tokens per segment [default: the gateway's]")
+@click.option("--whole", is_flag=True, help="KBQA mode: the whole KB as one context")
+@click.option("--codec", default="", help="pack codec [default: the gateway's]")
+@click.option("--no-wait", is_flag=True, help="return once uploaded, before ingest finishes")
+def upload_cmd(folder, name, address, token, namespace, segment_tokens, whole, codec, no_wait):
+    """Upload a folder of .txt/.md files as a knowledge base (unchanged files are skipped)."""
+    from tqdm import tqdm
+
+    with _cloud(address, token) as cloud:
+        bar = tqdm(unit="B", unit_scale=True, desc="upload", leave=True)
+
+        def sent(done, total):
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        reply = cloud.upload(folder, namespace, name, segment_tokens=segment_tokens, whole=whole,
+                             codec=codec, progress=sent)
+        bar.close()
+        click.echo(f"{namespace}/{name}: {reply.files_received} file(s) sent, "
+                   f"{reply.files_skipped} unchanged")
+        if no_wait:
+            return
+        seg_bar = tqdm(desc="prefill", unit="seg")
+
+        def ingest(info):
+            seg_bar.total = info.segments_total or None
+            seg_bar.n = info.segments_done
+            seg_bar.refresh()
+
+        info = cloud.wait_ready(namespace, name, progress=ingest)
+        seg_bar.close()
+        click.echo(f"ready: {info.n_files} files, {info.n_tokens} tokens, "
+                   f"{len(info.segments)} segments, "
+                   f"{sum(s.pack_bytes for s in info.segments) / 1e6:.1f} MB of packs")
+
+
+@kvctl.group("kb")
+def kb_group():
+    """List, inspect and remove knowledge bases."""
+
+
+@kb_group.command("list")
+@with_cloud
+def kb_list(address, token, namespace):
+    with _cloud(address, token) as cloud:
+        for info in cloud.list_kbs(namespace):
+            click.echo(f"{info.namespace}/{info.kb:24s} {info.status:10s} {info.mode:5s} "
+                       f"{info.n_files:4d} files {info.n_tokens:8d} tokens "
+                       f"{len(info.segments):5d} segments")
+
+
+@kb_group.command("status")
+@click.argument("name")
+@with_cloud
+@click.option("--variant", default="", help="a compressed variant [default: base]")
+@click.option("--json", "as_json", is_flag=True)
+def kb_status(name, address, token, namespace, variant, as_json):
+    from google.protobuf.json_format import MessageToDict
+
+    with _cloud(address, token) as cloud:
+        info = cloud.get_kb(namespace, name, variant)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(MessageToDict(info), indent=1))
+        return
+    click.echo(f"{info.namespace}/{info.kb} [{info.variant or 'base'}]: {info.status} "
+               f"{info.error}".rstrip())
+    click.echo(f"  mode {info.mode}, {info.n_files} files, {info.n_tokens} tokens, "
+               f"{info.segments_done}/{info.segments_total} segments, model "
+               f"{info.model_fingerprint[:16]}, variants {list(info.variants)}")
+    packed = sum(s.pack_bytes for s in info.segments)
+    fp16 = sum(s.fp16_bytes for s in info.segments)
+    if fp16:
+        click.echo(f"  packs {packed / 1e6:.2f} MB vs fp16 full KV {fp16 / 1e6:.2f} MB "
+                   f"({fp16 / packed:.2f}× smaller)")
+
+
+@kb_group.command("rm")
+@click.argument("name")
+@with_cloud
+def kb_rm(name, address, token, namespace):
+    with _cloud(address, token) as cloud:
+        cloud.remove_kb(namespace, name)
+    click.echo(f"removed {namespace}/{name}")
+
+
+@kvctl.command("token")
+@click.option("--data", "data_dir", type=click.Path(), default=None,
+              help="the gateway's (or edge's) data dir [default: $KVEDGE_HOME/cloud]")
+@click.option("--namespace", "-n", "namespaces", multiple=True, required=True)
+@click.option("--name", default="user", show_default=True)
+def token_cmd(data_dir, namespaces, name):
+    """Issue an access token for some namespaces (printed once; only its hash is stored)."""
+    from pathlib import Path
+
+    from kvedge.common.auth import TokenStore
+
+    root = Path(data_dir) if data_dir else home_path("cloud")
+    click.echo(TokenStore(root / "tokens.json").issue(name, list(namespaces)))
+
+
+# ---------------------------------------------------------------------- asking an edge
+
+@kvctl.command("ask")
+@click.argument("question")
+@click.option("--kb", required=True)
+@click.option("--namespace", "-n", default="default", show_default=True)
+@click.option("--strategy", default="", help="recompute | full-reuse | pie | a3 [default: the edge's]")
+@click.option("--top-k", default=0, help="segments to retrieve [default: the edge's]")
+@click.option("--max-new-tokens", default=0)
+@click.option("--ratio", default=0.0, help="recompute ratio for a3")
+@click.option("--edge", "address", default=EDGE_ADDRESS, show_default=True)
+@click.option("--token", default=None, help="[default: $KVEDGE_TOKEN or the local edge token]")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object at the end")
+def ask_cmd(question, kb, namespace, strategy, top_k, max_new_tokens, ratio, address, token,
+            as_json):
+    """Ask an edge daemon a question about a knowledge base; the answer streams."""
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    from kvedge.common.rpc import read_token
+    from kvedge.edge.client import EdgeClient
+
+    with EdgeClient(address, read_token(token, home_path("edge", "edge.token"))) as edge:
+        for event in edge.ask(namespace, kb, question, strategy=strategy, top_k=top_k,
+                              max_new_tokens=max_new_tokens, ratio=ratio):
+            if isinstance(event, str):
+                if not as_json:
+                    click.echo(event, nl=False)
+                continue
+            if as_json:
+                click.echo(json.dumps(MessageToDict(event, always_print_fields_with_no_presence=True)))
+            else:
+                click.echo(f"\n[{event.strategy}: TTFT {event.ttft_s:.3f} s, TPOT "
+                           f"{event.tpot_s * 1000:.0f} ms, {event.tokens} tokens, segments "
+                           f"{list(event.segments)}, {event.bytes_loaded / 1e6:.2f} MB of packs]",
+                           err=True)
+
+
 @kvctl.command("demo")
+@click.option("--model", "model_name", default="smollm2-135m-instruct", show_default=True)
+@click.option("--keep", is_flag=True, help="keep the demo's data folder")
+def demo_cmd(model_name, keep):
+    """Gateway + edge on this machine: upload the bundled KB, ask its questions, compare."""
+    from kvedge.cloud.demo import run_demo
+
+    sys.exit(0 if run_demo(model_name, keep=keep, echo=click.echo) else 1)
+
+
+@kvctl.command("needle")
 @click.option("--model", "model_name", default="smollm2-135m-instruct", show_default=True)
 @click.option("--tokens", default=1500, show_default=True, help="haystack length")
 @click.option("--seed", default=0, show_default=True)
-def demo_cmd(model_name, tokens, seed):
-    """Answer a needle-in-a-haystack question with the runtime, streaming the answer."""
-    from kvedge.cloud.demo import run_needle_demo
+def needle_cmd(model_name, tokens, seed):
+    """The runtime alone: a needle question over realigned segment KV vs full recompute."""
+    from kvedge.cloud.needle import run_needle_demo
 
     ok = run_needle_demo(model_name, tokens, seed, echo=click.echo)
     sys.exit(0 if ok else 1)
-
-
-def main():  # pragma: no cover - console-script convenience
-    kvctl()

@@ -1,89 +1,155 @@
-"""`kvctl demo` (runtime stage): a needle question answered by the embedded model on CPU.
+"""`kvctl demo`: the whole path on one machine, with the embedded model.
 
-The context is prefilled as independent segments (as the cloud will store them, each from
-position 0), realigned to its place in the prompt, then answered two ways: full recompute of
-the whole prompt (the ceiling) and reuse of the realigned segment KV with only the question
-computed fresh (PIE-style). The end-to-end demo through cloud and edge replaces this one.
+Starts a gateway and an edge daemon as child processes (Ray in-process in the gateway),
+uploads the bundled knowledge base, waits for ingest and sync, asks the bundled questions with
+`recompute` (the ceiling) and `a3`, and prints a table. The processes it started are stopped
+when it ends, also on Ctrl-C.
 """
 from __future__ import annotations
 
-import random
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-import torch
-
-FILLER = [
-    "The {a} market opened early and the {b} traders argued about the price of {c}.",
-    "In the old {a} quarter, a {b} bridge crossed the river near the {c} mill.",
-    "Scientists in {a} reported that the {b} samples behaved like {c} under pressure.",
-    "The committee from {a} postponed the {b} vote until the {c} report arrived.",
-    "Every {b} morning the ferry to {a} carried crates of {c} across the bay.",
-]
-WORDS = ["copper", "amber", "granite", "willow", "saffron", "cobalt", "juniper", "marble",
-         "linen", "cedar", "harbor", "orchard", "quartz", "velvet", "tundra", "meadow"]
-CITIES = ["Lisbon", "Nairobi", "Osaka", "Quito", "Tallinn", "Hobart", "Tromsø", "Cusco"]
-SEGMENT_TOKENS = 256
+DEMO_KB = Path(__file__).parent / "demo_kb"
+STRATEGIES = ("recompute", "a3")
 
 
-def needle_prompt(tokenizer, n_tokens: int, seed: int):
-    """(segments of token ids, question token ids, city, answer) for a haystack of ~n_tokens."""
-    rng = random.Random(seed)
-    city, number = rng.choice(CITIES), str(rng.randint(1_000_000, 9_999_999))
-    sentences, count = [], 0
-    while count < n_tokens:
-        s = rng.choice(FILLER).format(a=rng.choice(CITIES), b=rng.choice(WORDS), c=rng.choice(WORDS))
-        sentences.append(s)
-        count += len(tokenizer(" " + s)["input_ids"])
-    sentences.insert(rng.randrange(len(sentences) // 5, 4 * len(sentences) // 5),
-                     f"The special magic number for {city} is {number}.")
-    ids = tokenizer(" ".join(sentences))["input_ids"]
-    head = tokenizer.apply_chat_template([{"role": "user", "content": "@@"}],
-                                         add_generation_prompt=True, tokenize=False).split("@@")
-    prefix = tokenizer(head[0])["input_ids"]
-    question = tokenizer(f"\n\nWhat is the special magic number for {city}? Answer with the "
-                         f"number only.{head[1]}")["input_ids"]
-    segments = [prefix] + [ids[i:i + SEGMENT_TOKENS] for i in range(0, len(ids), SEGMENT_TOKENS)]
-    return segments, question, city, number
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _answer(rt, tok, cache, ids, start, max_new=32):
-    from kvedge.common.generate import generate
-    from kvedge.common.textstream import TextStream
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
 
-    stream, t0, ttft = TextStream(tok), time.perf_counter(), None
-    for token in generate(rt, cache, torch.tensor(ids), torch.arange(start, start + len(ids)),
-                          max_new, stop_ids=(tok.eos_token_id,)):
-        ttft = ttft or time.perf_counter() - t0
-        if token != tok.eos_token_id:
-            stream.push(token)
-    return stream.text.strip(), ttft
+    def stop(self, grace: float = 15.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log.read_text()[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"the {self.name} exited (code {self.proc.returncode}):\n{tail}")
 
 
-def run_needle_demo(model_name: str, n_tokens: int, seed: int, echo=print) -> bool:
-    from kvedge.common.models import load_model
-    from kvedge.common.runtime import Runtime
+def start(name: str, args: list[str], log: Path, env=None) -> Child:
+    cli = "kvedge.cloud.cli:kvctl" if name == "gateway" else "kvedge.edge.cli:main"
+    module, func = cli.split(":")
+    code = f"from {module} import {func}; {func}()"
+    out = open(log, "wb")  # noqa: SIM115 - owned by the child for its lifetime
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=out,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    return Child(name, proc, log)
 
-    t0 = time.perf_counter()
-    loaded = load_model(model_name)
-    rt, tok = Runtime(loaded), loaded.tokenizer
-    echo(f"model {loaded.name} loaded in {time.perf_counter() - t0:.1f} s "
-         f"(fingerprint {loaded.fingerprint[:12]})")
-    segments, question, city, number = needle_prompt(tok, n_tokens, seed)
-    context = [t for seg in segments for t in seg]
-    echo(f"context: {len(context)} tokens in {len(segments)} segments; needle: {city} → {number}")
 
-    # the cloud's job: each segment prefilled on its own, from position 0, keys kept pre-RoPE
-    parts = [rt.prefill(torch.tensor(seg), logits="none") for seg in segments]
-    keys = [torch.cat([p.keys[i] for p in parts], 1) for i in range(rt.n_layers)]
-    values = [torch.cat([p.values[i] for p in parts], 1) for i in range(rt.n_layers)]
+def wait_for(predicate, what: str, children: list[Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        for child in children:
+            child.check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.3)
 
-    full_cache = rt.empty_cache(reserve=len(context) + len(question) + 16)
-    full, full_ttft = _answer(rt, tok, full_cache, context + question, 0)
-    reuse_cache = rt.dense_cache(keys, values, torch.arange(len(context)), reserve=len(question) + 16)
-    reuse, reuse_ttft = _answer(rt, tok, reuse_cache, question, len(context))
 
-    rows = [("full recompute", full, full_ttft), ("realigned reuse", reuse, reuse_ttft)]
-    for label, text, ttft in rows:
-        echo(f"{label:16s} {'✓' if number in text else '✗'}  TTFT {ttft:6.2f} s  answer: {text!r}")
-    echo(f"TTFT ratio reuse / full = {reuse_ttft / full_ttft:.3f}")
-    return number in full
+def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = "int8") -> bool:
+    from kvedge.cloud.client import CloudClient
+    from kvedge.common.rpc import wait_healthy
+    from kvedge.edge.client import EdgeClient
+
+    root = Path(tempfile.mkdtemp(prefix="kvedge-demo-"))
+    cloud_addr, edge_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    questions = json.loads((DEMO_KB / "questions.json").read_text())
+    children: list[Child] = []
+    try:
+        echo(f"starting the gateway on {cloud_addr} (Ray in-process; data in {root})")
+        children.append(start("gateway", ["cloud", "up", "--data", str(root / "cloud"),
+                                          "--address", cloud_addr, "--model", model_name,
+                                          "--segment-tokens", "256", "--codec", codec],
+                              root / "gateway.log"))
+        wait_for(lambda: (root / "cloud" / "admin.token").exists(), "the gateway", children, 180)
+        wait_healthy(cloud_addr, 180)
+        token = (root / "cloud" / "admin.token").read_text().strip()
+        with CloudClient(cloud_addr, token) as cloud:
+            t0 = time.perf_counter()
+            reply = cloud.upload(DEMO_KB, "default", "demo")
+            echo(f"uploaded {reply.files_received} files; prefilling segments on Ray ...")
+            info = cloud.wait_ready("default", "demo", timeout=1200)
+            packed = sum(s.pack_bytes for s in info.segments)
+            fp16 = sum(s.fp16_bytes for s in info.segments)
+            echo(f"ingested in {time.perf_counter() - t0:.0f} s: {info.n_tokens} tokens, "
+                 f"{len(info.segments)} segments, packs {packed / 1e6:.1f} MB ({codec}) vs fp16 "
+                 f"full KV {fp16 / 1e6:.1f} MB: {fp16 / packed:.2f}× fewer bytes")
+        echo(f"starting the edge daemon on {edge_addr}")
+        env = {**os.environ, "KVEDGE_TOKEN": token}
+        children.append(start("edge", ["serve", "--cloud", cloud_addr, "--kb", "default/demo",
+                                       "--address", edge_addr, "--state", str(root / "edge"),
+                                       "--model", model_name, "--sync-interval", "1"],
+                              root / "edge.log", env))
+        synced = root / "edge" / "kbs" / "default" / "demo.json"
+        wait_for(synced.exists, "the edge to sync the packs", children, 300)
+        wait_healthy(edge_addr, 120)
+        edge_token = (root / "edge" / "edge.token").read_text().strip()
+        with EdgeClient(edge_addr, edge_token) as edge:
+            return _ask_all(edge, questions, echo)
+    finally:
+        for child in reversed(children):
+            child.stop()
+        if keep:
+            echo(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _ask_all(edge, questions, echo) -> bool:
+    rows = []
+    for q in questions:
+        row = {"question": q["question"]}
+        for strategy in STRATEGIES:
+            pieces = list(edge.ask("default", "demo", q["question"], strategy=strategy,
+                                   max_new_tokens=32))
+            done = pieces[-1]
+            row[strategy] = (done.answer, any(a.lower() in done.answer.lower() for a in q["answers"]),
+                             done.ttft_s, done.bytes_loaded, done.fp16_bytes)
+        rows.append(row)
+        echo(_format_row(row))
+    n = len(rows)
+    acc = {s: sum(r[s][1] for r in rows) for s in STRATEGIES}
+    ttft = {s: sum(r[s][2] for r in rows) / n for s in STRATEGIES}
+    loaded = sum(r["a3"][3] for r in rows)
+    fp16 = sum(r["a3"][4] for r in rows)
+    echo("")
+    echo(f"correct: recompute {acc['recompute']}/{n}, a3 {acc['a3']}/{n}")
+    echo(f"mean TTFT: recompute {ttft['recompute']:.2f} s, a3 {ttft['a3']:.2f} s "
+         f"(a3 / recompute = {ttft['a3'] / ttft['recompute']:.2f})")
+    echo(f"KV loaded per answer: {loaded / n / 1e6:.2f} MB of packs vs {fp16 / n / 1e6:.2f} MB "
+         f"as fp16 full KV ({fp16 / max(loaded, 1):.2f}× fewer bytes)")
+    return acc["recompute"] > 0 or acc["a3"] > 0
+
+
+def _format_row(row) -> str:
+    def cell(strategy):
+        answer, ok, ttft, _, _ = row[strategy]
+        short = answer.replace("\n", " ")[:38]
+        return f"{'✓' if ok else '✗'} {ttft:5.2f}s {short:38s}"
+
+    return f"{row['question'][:52]:52s} | {cell('recompute')} | {cell('a3')}"

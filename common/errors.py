@@ -5,7 +5,11 @@ class KvedgeError(Exception):
     """Base class of every error kvedge raises on purpose."""
 
 
-class UnknownModel(KvedgeError):
+class InvalidRequest(KvedgeError):
+    """The caller asked for something malformed or unknown (a gRPC INVALID_ARGUMENT)."""
+
+
+class UnknownModel(InvalidRequest):
     """A model name is neither registered nor a local Hugging Face folder."""
 
 

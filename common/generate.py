@@ -48,13 +48,13 @@ GREEDY = Sampler()
 
 def generate(rt: Runtime, cache: list[LayerKV], ids: torch.Tensor, positions: torch.Tensor,
              max_new_tokens: int, *, sampler: Sampler = GREEDY,
-             stop_ids: tuple[int, ...] = (), active: list[torch.Tensor] | None = None,
+             stop_ids: tuple[int, ...] = (), active=None, observe=None,
              seq_len: int | None = None) -> Iterator[int]:
     """Yield up to `max_new_tokens` token ids: run the prompt (`ids` at `positions`, with an
-    optional partial-recompute `active` plan), then decode one token at a time, appending each
+    optional partial-recompute `active` plan and its `observe` hook), then decode one token at a time, appending each
     at the next position. Stops after a token in `stop_ids` (which is yielded)."""
     gen = sampler.generator()
-    out = rt.forward(ids, positions, cache, active, seq_len=seq_len)
+    out = rt.forward(ids, positions, cache, active, observe=observe, seq_len=seq_len)
     pos = int(positions[-1])
     for _ in range(max_new_tokens):
         token = sampler.pick(out.logits[-1], gen)

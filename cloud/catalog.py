@@ -1,0 +1,199 @@
+"""The catalog: knowledge bases, their files, variants and segment packs, in SQLite. Torch-free.
+
+A KB's pack list changes in one transaction once every pack of a new ingest is stored, so a
+reader sees either the old complete KB or the new complete one, never a half-written one.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvedge.common.errors import KvedgeError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kbs (
+    id INTEGER PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
+    mode TEXT NOT NULL DEFAULT 'rag', segment_tokens INTEGER NOT NULL DEFAULT 512,
+    codec TEXT NOT NULL DEFAULT 'fp16', model_fingerprint TEXT NOT NULL DEFAULT '',
+    n_tokens INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL,
+    UNIQUE (namespace, name));
+CREATE TABLE IF NOT EXISTS files (
+    kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, path TEXT NOT NULL,
+    sha256 TEXT NOT NULL, size INTEGER NOT NULL, PRIMARY KEY (kb_id, path));
+CREATE TABLE IF NOT EXISTS variants (
+    kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, variant TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', done INTEGER NOT NULL DEFAULT 0,
+    total INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL, PRIMARY KEY (kb_id, variant));
+CREATE TABLE IF NOT EXISTS segments (
+    kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, variant TEXT NOT NULL,
+    idx INTEGER NOT NULL, pack_id TEXT NOT NULL, pack_bytes INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL, source TEXT NOT NULL, fp16_bytes INTEGER NOT NULL,
+    PRIMARY KEY (kb_id, variant, idx));
+CREATE INDEX IF NOT EXISTS segments_by_pack ON segments(pack_id);
+"""
+
+BASE = ""  # the base (uncompressed) variant's name
+
+
+class NotFound(KvedgeError):
+    """No such knowledge base (or variant, or pack) in this namespace."""
+
+
+@dataclass
+class Segment:
+    idx: int
+    pack_id: str
+    pack_bytes: int
+    n_tokens: int
+    source: str
+    fp16_bytes: int
+
+
+@dataclass
+class KBRecord:
+    namespace: str
+    name: str
+    mode: str
+    segment_tokens: int
+    codec: str
+    model_fingerprint: str
+    n_tokens: int
+    updated: float
+    files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path → (sha256, size)
+    variants: dict[str, dict] = field(default_factory=dict)  # variant → status row
+    segments: list[Segment] = field(default_factory=list)    # of the requested variant
+
+
+class Catalog:
+    def __init__(self, path: Path | str):
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.executescript(SCHEMA)
+
+    @contextmanager
+    def _tx(self):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _kb_id(self, db, namespace: str, name: str) -> int:
+        row = db.execute("SELECT id FROM kbs WHERE namespace=? AND name=?",
+                         (namespace, name)).fetchone()
+        if row is None:
+            raise NotFound(f"no knowledge base {name!r} in namespace {namespace!r}")
+        return row[0]
+
+    # ------------------------------------------------------------------ writes
+
+    def begin_ingest(self, namespace: str, name: str, files: dict[str, tuple[str, int]], *,
+                     mode: str, segment_tokens: int, codec: str) -> None:
+        """Record the KB's new file list and mark its base variant as ingesting."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO kbs(namespace, name, mode, segment_tokens, codec, updated) "
+                       "VALUES (?,?,?,?,?,?) ON CONFLICT(namespace, name) DO UPDATE SET "
+                       "mode=excluded.mode, segment_tokens=excluded.segment_tokens, "
+                       "codec=excluded.codec, updated=excluded.updated",
+                       (namespace, name, mode, segment_tokens, codec, now))
+            kb = self._kb_id(db, namespace, name)
+            db.execute("DELETE FROM files WHERE kb_id=?", (kb,))
+            db.executemany("INSERT INTO files VALUES (?,?,?,?)",
+                           [(kb, p, sha, size) for p, (sha, size) in sorted(files.items())])
+            self._set_status(db, kb, BASE, "ingesting", "", 0, 0, now)
+
+    def set_progress(self, namespace: str, name: str, variant: str, status: str, *,
+                     error: str = "", done: int = 0, total: int = 0) -> None:
+        with self._tx() as db:
+            self._set_status(db, self._kb_id(db, namespace, name), variant, status, error, done,
+                             total, time.time())
+
+    @staticmethod
+    def _set_status(db, kb, variant, status, error, done, total, now):
+        db.execute("INSERT INTO variants VALUES (?,?,?,?,?,?,?) ON CONFLICT(kb_id, variant) DO "
+                   "UPDATE SET status=excluded.status, error=excluded.error, done=excluded.done, "
+                   "total=excluded.total, updated=excluded.updated",
+                   (kb, variant, status, error, done, total, now))
+
+    def publish(self, namespace: str, name: str, variant: str, segments: list[Segment], *,
+                model_fingerprint: str) -> list[str]:
+        """Atomically replace a variant's segments and mark it ready; returns pack ids no
+        longer referenced anywhere (the caller may delete them from the store)."""
+        with self._tx() as db:
+            kb = self._kb_id(db, namespace, name)
+            old = {r[0] for r in db.execute("SELECT pack_id FROM segments WHERE kb_id=? AND "
+                                            "variant=?", (kb, variant))}
+            db.execute("DELETE FROM segments WHERE kb_id=? AND variant=?", (kb, variant))
+            db.executemany("INSERT INTO segments VALUES (?,?,?,?,?,?,?,?)",
+                           [(kb, variant, s.idx, s.pack_id, s.pack_bytes, s.n_tokens, s.source,
+                             s.fp16_bytes) for s in segments])
+            if variant == BASE:
+                db.execute("UPDATE kbs SET model_fingerprint=?, n_tokens=?, updated=? WHERE id=?",
+                           (model_fingerprint, sum(s.n_tokens for s in segments), time.time(), kb))
+            self._set_status(db, kb, variant, "ready", "", len(segments), len(segments),
+                             time.time())
+            return self._orphans(db, old)
+
+    def remove(self, namespace: str, name: str) -> list[str]:
+        """Delete a KB; returns its pack ids that nothing else references."""
+        with self._tx() as db:
+            kb = self._kb_id(db, namespace, name)
+            packs = {r[0] for r in db.execute("SELECT pack_id FROM segments WHERE kb_id=?", (kb,))}
+            db.execute("DELETE FROM kbs WHERE id=?", (kb,))
+            return self._orphans(db, packs)
+
+    @staticmethod
+    def _orphans(db, packs) -> list[str]:
+        return sorted(p for p in packs if db.execute(
+            "SELECT 1 FROM segments WHERE pack_id=? LIMIT 1", (p,)).fetchone() is None)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, namespace: str, name: str, variant: str = BASE) -> KBRecord:
+        with self._lock:
+            db = self._db
+            kb = self._kb_id(db, namespace, name)
+            row = db.execute("SELECT namespace, name, mode, segment_tokens, codec, "
+                             "model_fingerprint, n_tokens, updated FROM kbs WHERE id=?",
+                             (kb,)).fetchone()
+            rec = KBRecord(*row)
+            rec.files = {p: (sha, size) for p, sha, size in db.execute(
+                "SELECT path, sha256, size FROM files WHERE kb_id=? ORDER BY path", (kb,))}
+            for v, status, error, done, total, updated in db.execute(
+                    "SELECT variant, status, error, done, total, updated FROM variants "
+                    "WHERE kb_id=?", (kb,)):
+                rec.variants[v] = dict(status=status, error=error, done=done, total=total,
+                                       updated=updated)
+            if variant not in rec.variants:
+                raise NotFound(f"knowledge base {name!r} has no variant {variant!r}; it has "
+                               f"{sorted(v or 'base' for v in rec.variants)}")
+            rec.segments = [Segment(*r) for r in db.execute(
+                "SELECT idx, pack_id, pack_bytes, n_tokens, source, fp16_bytes FROM segments "
+                "WHERE kb_id=? AND variant=? ORDER BY idx", (kb, variant))]
+            return rec
+
+    def names(self, namespaces: list[str] | None) -> list[tuple[str, str]]:
+        """(namespace, name) of every KB, restricted to `namespaces` (None = all)."""
+        with self._lock:
+            rows = self._db.execute("SELECT namespace, name FROM kbs ORDER BY namespace, name")
+            return [r for r in rows if namespaces is None or r[0] in namespaces]
+
+    def pack_namespaces(self, pack_id: str) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._db.execute(
+                "SELECT DISTINCT k.namespace FROM segments s JOIN kbs k ON k.id = s.kb_id "
+                "WHERE s.pack_id=?", (pack_id,))}
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,129 @@
+"""Client of the cloud gateway: resumable uploads, catalog calls, resumable pack fetch."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import grpc
+
+from kvedge.cloud.ingest import BadInput
+from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.rpc import CHUNK, channel, metadata, raise_remote
+
+DEADLINE = 60.0
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str     # relative, with '/' separators
+    full: Path
+    sha256: str
+    size: int
+
+
+def scan_folder(folder: Path | str) -> list[LocalFile]:
+    """Every non-hidden regular file under `folder`, hashed (the server judges the types)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BadInput(f"{folder} is not a folder")
+    files = []
+    for full in sorted(folder.rglob("*")):
+        rel = full.relative_to(folder)
+        if full.is_file() and not any(part.startswith(".") for part in rel.parts):
+            data = full.read_bytes()
+            files.append(LocalFile(rel.as_posix(), full, hashlib.sha256(data).hexdigest(),
+                                   len(data)))
+    if not files:
+        raise BadInput(f"{folder} has no files to upload")
+    return files
+
+
+class CloudClient:
+    def __init__(self, address: str, token: str | None):
+        self.address, self.token = address, token
+        self._channel = channel(address)
+        self.stub = pb_grpc.CloudStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout=DEADLINE):
+        try:
+            return method(request, metadata=metadata(self.token), timeout=timeout)
+        except grpc.RpcError as err:
+            raise_remote(err)
+
+    def upload(self, folder: Path | str, namespace: str, kb: str, *, segment_tokens: int = 0,
+               whole: bool = False, codec: str = "", chunk_size: int = CHUNK,
+               progress: Callable[[int, int], None] | None = None) -> pb.UploadReply:
+        """Upload a folder; unchanged files are skipped, a broken upload resumes where it was.
+        progress(bytes_sent, bytes_to_send) is called after every chunk."""
+        files = scan_folder(folder)
+        entries = [pb.FileEntry(path=f.path, sha256=f.sha256, size=f.size) for f in files]
+        plan = self._call(self.stub.PlanUpload,
+                          pb.UploadPlanRequest(namespace=namespace, kb=kb, files=entries))
+        needs = {n.sha256: n.offset for n in plan.needs}
+        todo = {f.sha256: f for f in files if f.sha256 in needs}.values()
+        total = sum(f.size - needs[f.sha256] for f in todo)
+
+        def stream() -> Iterator[pb.UploadChunk]:
+            yield pb.UploadChunk(header=pb.UploadHeader(
+                namespace=namespace, kb=kb, files=entries,
+                options=pb.IngestOptions(segment_tokens=segment_tokens, whole=whole, codec=codec)))
+            sent = 0
+            for f in todo:
+                data = f.full.read_bytes()
+                for offset in range(needs[f.sha256], f.size, chunk_size):
+                    piece = data[offset:offset + chunk_size]
+                    yield pb.UploadChunk(chunk=pb.FileChunk(sha256=f.sha256, offset=offset,
+                                                            data=piece))
+                    sent += len(piece)
+                    if progress:
+                        progress(sent, total)
+
+        return self._call(self.stub.Upload, stream(), timeout=600)
+
+    def get_kb(self, namespace: str, kb: str, variant: str = "") -> pb.KBInfo:
+        return self._call(self.stub.GetKB, pb.KBRef(namespace=namespace, kb=kb, variant=variant))
+
+    def list_kbs(self, namespace: str = "") -> list[pb.KBInfo]:
+        return list(self._call(self.stub.ListKBs, pb.ListKBsRequest(namespace=namespace)).kbs)
+
+    def remove_kb(self, namespace: str, kb: str) -> bool:
+        return self._call(self.stub.RemoveKB, pb.KBRef(namespace=namespace, kb=kb)).removed
+
+    def fetch_pack(self, namespace: str, pack_id: str, offset: int = 0) -> Iterator[pb.PackChunk]:
+        """Stream a pack from `offset` (resume a broken transfer by passing what you hold)."""
+        try:
+            yield from self.stub.FetchPack(
+                pb.FetchPackRequest(namespace=namespace, pack_id=pack_id, offset=offset),
+                metadata=metadata(self.token), timeout=600)
+        except grpc.RpcError as err:
+            raise_remote(err)
+
+    def wait_ready(self, namespace: str, kb: str, timeout: float = 600,
+                   progress: Callable[[pb.KBInfo], None] | None = None) -> pb.KBInfo:
+        """Poll until the KB's base variant is ready (raises on failure or timeout)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.get_kb(namespace, kb)
+            if progress:
+                progress(info)
+            if info.status == "ready":
+                return info
+            if info.status == "failed":
+                raise BadInput(f"ingest of {kb!r} failed: {info.error}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{kb!r} not ready after {timeout:.0f} s (status {info.status})")
+            time.sleep(0.3)

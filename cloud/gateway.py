@@ -1,0 +1,277 @@
+"""The cloud gateway: uploads (resumable, content-hashed), catalog, ingest on Ray, pack fetch.
+
+Upload protocol: the client sends the KB's file list with sha256s to PlanUpload and learns
+which files the gateway lacks and from which offset to resume each; it then streams only those
+chunks. Files are staged under the data dir and verified against their sha256 before they
+count. Ingest runs in a background thread: segments → Ray prefill actors → packs in the store
+→ one catalog transaction. Bad input is rejected before anything reaches the catalog or store.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from kvedge.cloud.catalog import BASE, Catalog, NotFound, Segment
+from kvedge.cloud.ingest import BadInput, check_path, decode_text
+from kvedge.cloud.store import PackStore
+from kvedge.common.auth import TokenStore, check_name, write_secret
+from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.rpc import CHUNK, OPTIONS, add_health, principal, rpc_errors
+
+log = logging.getLogger("kvedge.gateway")
+SHA256 = set("0123456789abcdef")
+
+
+@dataclass
+class GatewayConfig:
+    data_dir: Path
+    store_url: str | None = None       # default: <data_dir>/store
+    model: str = "smollm2-135m-instruct"
+    segment_tokens: int = 512
+    codec: str = "fp16"
+    actors: int = 1
+    cpus_per_actor: int = 1
+
+    def __post_init__(self):
+        self.data_dir = Path(self.data_dir)
+        if self.segment_tokens < 16:
+            raise ValueError("segment_tokens must be at least 16")
+        self.store_url = self.store_url or str(self.data_dir / "store")
+
+
+class Staging:
+    """Uploaded files by content hash, per namespace: <ns>/<sha>.part while incomplete."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, namespace: str, sha: str, partial: bool = False) -> Path:
+        if len(sha) != 64 or not set(sha) <= SHA256:
+            raise BadInput(f"not a sha256 hex digest: {sha!r}")
+        return self.root / namespace / (f"{sha}.part" if partial else sha)
+
+    def offset(self, namespace: str, sha: str) -> int | None:
+        """None when complete, else the bytes held so far."""
+        if self.path(namespace, sha).exists():
+            return None
+        part = self.path(namespace, sha, partial=True)
+        return part.stat().st_size if part.exists() else 0
+
+    def write(self, namespace: str, sha: str, offset: int, data: bytes, size: int) -> bool:
+        """Append a chunk at `offset`; verify and finalize when complete. True if complete."""
+        part = self.path(namespace, sha, partial=True)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        held = part.stat().st_size if part.exists() else 0
+        if offset != held:
+            raise BadInput(f"chunk of {sha[:12]}… at offset {offset}, but {held} bytes are held: "
+                           "resume from the offset PlanUpload returns")
+        if held + len(data) > size:
+            raise BadInput(f"file {sha[:12]}… is larger than its declared {size} bytes")
+        with open(part, "ab") as f:
+            f.write(data)
+        if held + len(data) < size:
+            return False
+        if hashlib.sha256(part.read_bytes()).hexdigest() != sha:
+            part.unlink()
+            raise BadInput(f"file {sha[:12]}…: content does not match its sha256; upload it again")
+        os.replace(part, self.path(namespace, sha))
+        return True
+
+    def read(self, namespace: str, sha: str) -> bytes:
+        return self.path(namespace, sha).read_bytes()
+
+
+class Gateway(pb_grpc.CloudServicer):
+    def __init__(self, config: GatewayConfig, pool):
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(config.data_dir / "catalog.sqlite")
+        self.store = PackStore(config.store_url)
+        self.staging = Staging(config.data_dir / "staging")
+        self.tokens = TokenStore(config.data_dir / "tokens.json")
+        self.pool = pool
+        self._ingests: dict[tuple[str, str], threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ uploads
+
+    def _authorized(self, context, namespace: str, name: str | None = None):
+        check_name("namespace", namespace)
+        if name is not None:
+            check_name("knowledge base", name)
+        principal(self.tokens, context).require(namespace)
+
+    @rpc_errors
+    def PlanUpload(self, request, context):
+        self._authorized(context, request.namespace, request.kb)
+        needs = []
+        for f in request.files:
+            offset = self.staging.offset(request.namespace, f.sha256)
+            if offset is not None:
+                needs.append(pb.FileNeed(sha256=f.sha256, offset=offset))
+        return pb.UploadPlan(needs=needs)
+
+    @rpc_errors
+    def Upload(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            raise BadInput("an upload stream starts with its header")
+        header = first.header
+        ns, name = header.namespace, header.kb
+        self._authorized(context, ns, name)
+        files = {check_path(f.path): (f.sha256, f.size) for f in header.files}
+        if not files:
+            raise BadInput("the knowledge base has no files (empty folder?)")
+        sizes = {sha: size for sha, size in files.values()}
+        received = 0
+        for msg in request_iterator:
+            chunk = msg.chunk
+            if chunk.sha256 not in sizes:
+                raise BadInput(f"chunk for a file not in the header: {chunk.sha256[:12]}…")
+            received += self.staging.write(ns, chunk.sha256, chunk.offset, chunk.data,
+                                           sizes[chunk.sha256])
+        missing = [p for p, (sha, _) in files.items() if self.staging.offset(ns, sha) is not None]
+        if missing:
+            raise BadInput(f"upload incomplete, {len(missing)} file(s) missing (e.g. "
+                           f"{missing[0]}): run the upload again to resume")
+        texts = {p: decode_text(p, self.staging.read(ns, sha)) for p, (sha, _) in files.items()}
+        self._start_ingest(ns, name, files, texts, header.options)
+        return pb.UploadReply(namespace=ns, kb=name, files_received=received,
+                              files_skipped=len(files) - received, status="ingesting")
+
+    def _start_ingest(self, ns, name, files, texts, options):
+        with self._lock:
+            running = self._ingests.get((ns, name))
+            if running is not None and running.is_alive():
+                raise BadInput(f"{name!r} is still being ingested; wait for it to finish")
+            whole = options.whole
+            seg_tokens = options.segment_tokens or self.config.segment_tokens
+            codec = options.codec or self.config.codec
+            from kvedge.common.pack.codecs import get_codec
+
+            get_codec(codec)  # an unknown codec is the client's error, now, not the worker's
+            self.catalog.begin_ingest(ns, name, files, mode="whole" if whole else "rag",
+                                      segment_tokens=seg_tokens, codec=codec)
+            thread = threading.Thread(target=self._ingest, name=f"ingest-{ns}-{name}",
+                                      args=(ns, name, texts, seg_tokens, whole, codec), daemon=True)
+            self._ingests[(ns, name)] = thread
+            thread.start()
+
+    def _ingest(self, ns, name, texts, seg_tokens, whole, codec):
+        stored: list[str] = []
+        try:
+            identity = self.pool.identity()
+            segments = self.pool.segment(texts, seg_tokens, whole)
+            self.catalog.set_progress(ns, name, BASE, "ingesting", total=len(segments))
+            rows = []
+            for done, enc in enumerate(self.pool.encode_all(segments, ns, codec), 1):
+                self.store.put(enc.pack_id, enc.data)
+                stored.append(enc.pack_id)
+                src = segments[enc.index].source
+                rows.append(Segment(enc.index, enc.pack_id, len(enc.data), enc.n_tokens, src,
+                                    enc.fp16_bytes))
+                self.catalog.set_progress(ns, name, BASE, "ingesting", done=done,
+                                          total=len(segments))
+            rows.sort(key=lambda s: s.idx)
+            for orphan in self.catalog.publish(ns, name, BASE, rows,
+                                               model_fingerprint=identity["fingerprint"]):
+                self.store.delete(orphan)
+            log.info("ingested %s/%s: %d segments", ns, name, len(rows))
+        except Exception as err:  # noqa: BLE001 - recorded for the user, packs cleaned up
+            log.exception("ingest of %s/%s failed", ns, name)
+            for pack in stored:
+                if not self.catalog.pack_namespaces(pack):
+                    self.store.delete(pack)
+            try:
+                self.catalog.set_progress(ns, name, BASE, "failed",
+                                          error=f"{type(err).__name__}: {err}")
+            except NotFound:
+                pass
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        for thread in list(self._ingests.values()):
+            thread.join(timeout)
+
+    # ------------------------------------------------------------------ catalog
+
+    def _info(self, ns: str, name: str, variant: str = BASE) -> pb.KBInfo:
+        rec = self.catalog.get(ns, name, variant)
+        status = rec.variants[variant]
+        return pb.KBInfo(
+            namespace=ns, kb=name, status=status["status"], error=status["error"],
+            model_fingerprint=rec.model_fingerprint, n_files=len(rec.files),
+            n_tokens=rec.n_tokens, mode=rec.mode, updated=status["updated"], variant=variant,
+            variants=sorted(rec.variants), segments_done=status["done"],
+            segments_total=status["total"],
+            segments=[pb.SegmentInfo(index=s.idx, pack_id=s.pack_id, pack_bytes=s.pack_bytes,
+                                     n_tokens=s.n_tokens, source=s.source,
+                                     fp16_bytes=s.fp16_bytes) for s in rec.segments])
+
+    @rpc_errors
+    def GetKB(self, request, context):
+        self._authorized(context, request.namespace, request.kb)
+        return self._info(request.namespace, request.kb, request.variant)
+
+    @rpc_errors
+    def ListKBs(self, request, context):
+        who = principal(self.tokens, context)
+        if request.namespace:
+            check_name("namespace", request.namespace)
+            who.require(request.namespace)
+        allowed = [request.namespace] if request.namespace else None
+        return pb.ListKBsReply(kbs=[self._info(ns, name) for ns, name in
+                                    self.catalog.names(allowed) if who.may_read(ns)])
+
+    @rpc_errors
+    def RemoveKB(self, request, context):
+        self._authorized(context, request.namespace, request.kb)
+        with self._lock:
+            running = self._ingests.get((request.namespace, request.kb))
+            if running is not None and running.is_alive():
+                raise BadInput(f"{request.kb!r} is being ingested; remove it when that finishes")
+            for pack in self.catalog.remove(request.namespace, request.kb):
+                self.store.delete(pack)
+        return pb.RemoveReply(removed=True)
+
+    @rpc_errors
+    def FetchPack(self, request, context):
+        self._authorized(context, request.namespace)
+        if request.namespace not in self.catalog.pack_namespaces(request.pack_id):
+            raise NotFound(f"no pack {request.pack_id[:16]}… in namespace {request.namespace!r}")
+        total = self.store.size(request.pack_id)
+        offset = request.offset
+        if not 0 <= offset <= total:
+            raise BadInput(f"offset {offset} is outside the pack's {total} bytes")
+        while offset < total:
+            data = self.store.read(request.pack_id, offset, CHUNK)
+            yield pb.PackChunk(offset=offset, data=data, total=total)
+            offset += len(data)
+
+
+def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
+          max_workers: int = 8):
+    """Start the gateway; returns (grpc server, gateway, bound port). Writes an admin token to
+    <data_dir>/admin.token on first start."""
+    from kvedge.cloud.workers import PrefillPool
+
+    gateway = Gateway(config, pool or PrefillPool(config.model, config.actors,
+                                                  config.cpus_per_actor))
+    admin = config.data_dir / "admin.token"
+    if not admin.exists():
+        write_secret(admin, gateway.tokens.issue("admin", ["*"]))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
+    pb_grpc.add_CloudServicer_to_server(gateway, server)
+    add_health(server, ["kvedge.v1.Cloud"])
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    return server, gateway, port

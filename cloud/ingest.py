@@ -1,0 +1,101 @@
+"""From uploaded files to token segments: validation, paragraph-aware segmentation. Torch-free.
+
+RAG mode: each file is split at paragraph boundaries into segments of at most
+`segment_tokens` tokens (a paragraph longer than that is cut by tokens); segments never span
+files. KBQA ("whole") mode: the whole KB is one context, if it fits the model's context.
+Every segment's text ends with a blank line, so separately prefilled segments concatenate
+into a well-formed prompt with no glue tokens between them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from kvedge.common.errors import InvalidRequest
+
+TEXT_SUFFIXES = (".txt", ".md")
+SEPARATOR = "\n\n"
+
+
+class BadInput(InvalidRequest):
+    """An uploaded knowledge base that cannot be ingested (binary, empty, too long, ...)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    source: str           # the file it came from
+    text: str
+    token_ids: list[int]
+
+
+def check_path(path: str) -> str:
+    """A KB-relative path: no absolute paths, no '..', a text suffix."""
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts or "\\" in path:
+        raise BadInput(f"{path!r}: file paths must be relative to the knowledge base folder")
+    if p.suffix.lower() not in TEXT_SUFFIXES:
+        raise BadInput(f"{path}: only {', '.join(TEXT_SUFFIXES)} files can be ingested")
+    return path
+
+
+def decode_text(path: str, data: bytes) -> str:
+    """UTF-8 text or a BadInput naming the file (binaries are rejected, not guessed at)."""
+    if b"\x00" in data:
+        raise BadInput(f"{path}: binary file (contains NUL bytes); upload text (.txt, .md) only")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadInput(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
+
+
+def segment_file(source: str, text: str, tokenize, segment_tokens: int) -> list[tuple[str, list[int]]]:
+    """Greedy packing of whole paragraphs into segments of ≤ segment_tokens tokens."""
+    out, current = [], []
+
+    def flush():
+        if current:
+            body = SEPARATOR.join(current) + SEPARATOR
+            out.append((body, tokenize(body)))
+            current.clear()
+
+    for para in paragraphs(text):
+        candidate = SEPARATOR.join(current + [para]) + SEPARATOR
+        if len(tokenize(candidate)) <= segment_tokens:
+            current.append(para)
+            continue
+        flush()
+        ids = tokenize(para + SEPARATOR)
+        if len(ids) <= segment_tokens:
+            current.append(para)
+            continue
+        for i in range(0, len(ids), segment_tokens):  # an over-long paragraph is cut by tokens
+            out.append((None, ids[i:i + segment_tokens]))
+    flush()
+    return out
+
+
+def make_segments(files: dict[str, str], tokenize, *, segment_tokens: int, whole: bool,
+                  max_tokens: int, detokenize=None) -> list[Segment]:
+    """files: path → text (in upload order). tokenize(str) → ids; detokenize(ids) → str."""
+    if not files:
+        raise BadInput("the knowledge base has no files")
+    if whole:
+        text = "".join(SEPARATOR.join(paragraphs(t)) + SEPARATOR for t in files.values())
+        ids = tokenize(text)
+        if len(ids) > max_tokens:
+            raise BadInput(f"whole-KB mode needs the KB to fit the model's context: {len(ids)} "
+                           f"tokens > {max_tokens}; upload without --whole (RAG segments)")
+        segments = [("*", text, ids)]
+    else:
+        segments = [(path, body, ids) for path, text in files.items()
+                    for body, ids in segment_file(path, text, tokenize, segment_tokens)]
+    segments = [(src, body if body is not None else (detokenize(ids) if detokenize else ""), ids)
+                for src, body, ids in segments if ids]
+    if not segments:
+        raise BadInput("the knowledge base has no text (every file is empty)")
+    return [Segment(i, src, body, ids) for i, (src, body, ids) in enumerate(segments)]

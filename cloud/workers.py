@@ -1,0 +1,125 @@
+"""Prefill workers: an engine class that turns segments into packs, and its thin Ray shim.
+
+`PrefillEngine` is plain Python (tests and tools construct it without Ray); `PrefillPool`
+wraps it in Ray actors, one model copy per actor, and spreads segments over them (Ray Serve
+LLM's pattern: the Ray layer is a shim over an engine passed in).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kvedge.cloud.ingest import Segment, make_segments
+
+
+@dataclass(frozen=True)
+class EncodedSegment:
+    index: int
+    pack_id: str
+    data: bytes
+    n_tokens: int
+    fp16_bytes: int
+
+
+class PrefillEngine:
+    """Holds one model; tokenizes and segments KBs, prefills segments into packs."""
+
+    def __init__(self, model_name: str, threads: int | None = None):
+        from kvedge.common.models import load_model
+        from kvedge.common.runtime import Runtime
+
+        if threads:  # Ray sets OMP_NUM_THREADS=1 in workers; use the CPUs the actor was given
+            torch.set_num_threads(threads)
+        self.loaded = load_model(model_name)
+        self.rt = Runtime(self.loaded)
+
+    def identity(self) -> dict:
+        cfg = self.loaded.config
+        return {"fingerprint": self.loaded.fingerprint, "tokenizer_id": self.loaded.tokenizer_id,
+                "max_tokens": cfg.max_position_embeddings, "model": self.loaded.name}
+
+    def segment(self, files: dict[str, str], segment_tokens: int, whole: bool) -> list[Segment]:
+        tok = self.loaded.tokenizer
+        return make_segments(files, lambda s: tok(s)["input_ids"], segment_tokens=segment_tokens,
+                             whole=whole, max_tokens=self.loaded.config.max_position_embeddings,
+                             detokenize=tok.decode)
+
+    def encode(self, segment: Segment, namespace: str, codec: str) -> EncodedSegment:
+        """Prefill one segment from position 0 and encode its pre-RoPE KV as a pack."""
+        from kvedge.common.pack.container import pack_id
+        from kvedge.common.pack.context import KVContext
+        from kvedge.common.pack.format import encode_pack
+
+        ids = torch.tensor(segment.token_ids)
+        res = self.rt.prefill(ids, want_queries=True, logits="none")
+        ctx = KVContext.from_dense(res.keys, res.values, segment.token_ids,
+                                   model_fingerprint=self.loaded.fingerprint,
+                                   tokenizer_id=self.loaded.tokenizer_id, queries=res.queries,
+                                   namespace=namespace)
+        data = encode_pack(ctx, codec)
+        n = len(segment.token_ids)
+        fp16 = 2 * self.rt.n_layers * self.rt.n_kv * n * self.rt.head_dim * 2
+        return EncodedSegment(segment.index, pack_id(data), data, n, fp16)
+
+
+class PrefillPool:
+    """N Ray actors running PrefillEngine; started on first use."""
+
+    def __init__(self, model_name: str, actors: int = 1, cpus_per_actor: int = 1):
+        self.model_name, self.n, self.cpus = model_name, actors, cpus_per_actor
+        self._actors = None
+        self._next = 0
+
+    def _ensure(self):
+        import ray
+
+        if self._actors is None:
+            actor = ray.remote(num_cpus=self.cpus, max_restarts=1, max_task_retries=1)(PrefillEngine)
+            self._actors = [actor.remote(self.model_name, self.cpus) for _ in range(self.n)]
+        return self._actors
+
+    def identity(self) -> dict:
+        import ray
+
+        return ray.get(self._ensure()[0].identity.remote())
+
+    def segment(self, files, segment_tokens, whole):
+        import ray
+
+        return ray.get(self._ensure()[0].segment.remote(files, segment_tokens, whole))
+
+    def encode_all(self, segments: list[Segment], namespace: str, codec: str):
+        """Yield EncodedSegments as actors finish them (round-robin over actors)."""
+        import ray
+
+        actors = self._ensure()
+        pending = []
+        for seg in segments:
+            pending.append(actors[self._next % len(actors)].encode.remote(seg, namespace, codec))
+            self._next += 1
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+
+    def shutdown(self):
+        import ray
+
+        for actor in self._actors or ():
+            ray.kill(actor)
+        self._actors = None
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join a cluster, or start Ray in-process with the dashboard off (embedded default)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                 runtime_env=env, log_to_driver=False)

@@ -1,0 +1,38 @@
+"""Client of an edge daemon: ask a question, get the answer streamed, then its timings."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import grpc
+
+from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.rpc import channel, metadata, raise_remote
+
+
+class EdgeClient:
+    def __init__(self, address: str, token: str | None):
+        self._channel = channel(address)
+        self.stub = pb_grpc.EdgeStub(self._channel)
+        self.token = token
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def ask(self, namespace: str, kb: str, question: str, *, strategy: str = "", top_k: int = 0,
+            max_new_tokens: int = 0, ratio: float = 0.0,
+            timeout: float = 600) -> Iterator[str | pb.AskDone]:
+        """Yield answer pieces (str) and finally the AskDone with timings."""
+        request = pb.AskRequest(namespace=namespace, kb=kb, question=question, strategy=strategy,
+                                top_k=top_k, max_new_tokens=max_new_tokens, recompute_ratio=ratio)
+        try:
+            for event in self.stub.Ask(request, metadata=metadata(self.token), timeout=timeout):
+                yield event.done if event.HasField("done") else event.text
+        except grpc.RpcError as err:
+            raise_remote(err)

@@ -1,0 +1,128 @@
+"""The edge engine: question → retrieve segments → load packs → strategy plan → stream tokens.
+
+Answers come only from the local state the syncer wrote (manifests + verified packs), so an
+edge keeps answering when the cloud is unreachable.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from kvedge.cloud.catalog import NotFound
+from kvedge.edge.retrieval import BM25Index
+from kvedge.edge.strategies import Composed, get_strategy
+from kvedge.edge.sync import Target, manifest_path
+
+INSTRUCTION = "Answer the question using the documents above. Answer briefly."
+
+
+@dataclass
+class AskResult:
+    """The final event of an answer: the text and what it cost."""
+
+    answer: str
+    ttft_s: float
+    tpot_s: float
+    tokens: int
+    segments: list[int]
+    bytes_loaded: int
+    fp16_bytes: int
+    strategy: str
+    prompt_tokens: int
+    recomputed_tokens: int
+
+
+@dataclass
+class _KB:
+    mtime: float
+    manifest: dict
+    index: BM25Index
+
+
+@dataclass
+class EdgeConfig:
+    state_dir: Path
+    default_strategy: str = "a3"
+    top_k: int = 3
+    max_new_tokens: int = 48
+    namespace: str = "default"
+    kbs: list[str] = field(default_factory=list)
+
+
+class EdgeEngine:
+    def __init__(self, loaded, cache, state_dir: Path | str):
+        from kvedge.common.runtime import Runtime
+
+        self.loaded, self.cache = loaded, cache
+        self.rt = Runtime(loaded)
+        self.tok = loaded.tokenizer
+        self.state_dir = Path(state_dir)
+        self._kbs: dict[str, _KB] = {}
+        self._lock = threading.Lock()  # one answer at a time: 2 cores, one model copy
+        head, tail = self.tok.apply_chat_template([{"role": "user", "content": "\x00"}],
+                                                  add_generation_prompt=True,
+                                                  tokenize=False).split("\x00")
+        self.prefix_ids = self.tok(head)["input_ids"]
+        self.suffix = tail
+        prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
+        self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
+
+    def _kb(self, target: Target) -> _KB:
+        path = manifest_path(self.state_dir, target)
+        if not path.exists():
+            raise NotFound(f"this edge has no synced copy of {target.key}: serve it with "
+                           f"`kvedge serve --kb {target.key}` and wait for the sync")
+        mtime = path.stat().st_mtime
+        kb = self._kbs.get(target.key)
+        if kb is None or kb.mtime != mtime:
+            manifest = json.loads(path.read_text())
+            kb = _KB(mtime, manifest, BM25Index([s["text"] for s in manifest["segments"]]))
+            self._kbs[target.key] = kb
+        return kb
+
+    def question_ids(self, question: str) -> list[int]:
+        return self.tok(f"Question: {question.strip()}\n{INSTRUCTION}{self.suffix}")["input_ids"]
+
+    def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
+            max_new_tokens: int = 48, ratio: float | None = None) -> Iterator[str | AskResult]:
+        """Yield pieces of the answer as they are decoded, then one AskResult."""
+        from kvedge.common.generate import generate
+        from kvedge.common.textstream import TextStream
+
+        start = time.perf_counter()
+        chosen = get_strategy(strategy, ratio)
+        if not question.strip():
+            from kvedge.cloud.ingest import BadInput
+            raise BadInput("the question is empty")
+        with self._lock:
+            kb = self._kb(target)
+            # the best segment goes last, next to the question: small models copy from there
+            picked = kb.index.top_k(question, top_k)[::-1]
+            metas = [kb.manifest["segments"][i] for i in picked]
+            segments = [self.cache.load(m["pack_id"]) for m in metas]
+            composed = Composed(self.prefix_ids, self.prefix_keys, self.prefix_values, segments,
+                                self.question_ids(question))
+            plan = chosen.plan(self.rt, composed, reserve=max_new_tokens)
+            stream, times = TextStream(self.tok), []
+            eos = self.tok.eos_token_id
+            for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
+                                  max_new_tokens, stop_ids=(eos,), active=plan.active,
+                                  observe=plan.observe):
+                times.append(time.perf_counter())
+                if token == eos:
+                    break
+                piece = stream.push(token)
+                if piece:
+                    yield piece
+        ttft = times[0] - start if times else 0.0
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+        yield AskResult(stream.text.strip(), ttft, tpot, len(stream.ids),
+                        [m["index"] for m in metas], sum(m["pack_bytes"] for m in metas),
+                        sum(m["fp16_bytes"] for m in metas), chosen.name,
+                        len(composed.all_ids()), plan.recomputed)

@@ -1,0 +1,109 @@
+"""The edge's local pack cache: verified packs on disk, decoded contexts in a small LRU.
+
+A pack enters the cache only after its content hash, every checksum and its model
+fingerprint check out; a broken transfer stays as `<id>.part` and resumes from its size.
+Packs of the KBs this edge serves are pinned; others are evicted least-recently-used when
+the cache is over its byte budget.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from kvedge.common.pack.container import pack_id as content_id
+from kvedge.common.pack.errors import PackCorrupt
+from kvedge.common.pack.format import open_pack
+from kvedge.cloud.store import PACK_ID
+
+
+class PackCache:
+    def __init__(self, root: Path | str, model_fingerprint: str, capacity_bytes: int = 0,
+                 memory_entries: int = 64):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = model_fingerprint
+        self.capacity = capacity_bytes  # 0 = unbounded
+        self.memory_entries = memory_entries
+        self.pinned: set[str] = set()
+        self._decoded: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def path(self, pack_id: str, partial: bool = False) -> Path:
+        if not PACK_ID.match(pack_id):
+            raise PackCorrupt(f"not a pack id: {pack_id!r}")
+        return self.root / (f"{pack_id}.part" if partial else f"{pack_id}.kvp")
+
+    def has(self, pack_id: str) -> bool:
+        return self.path(pack_id).exists()
+
+    def held(self, pack_id: str) -> int:
+        """Bytes of an unfinished transfer (resume offset)."""
+        part = self.path(pack_id, partial=True)
+        return part.stat().st_size if part.exists() else 0
+
+    def append(self, pack_id: str, offset: int, data: bytes) -> None:
+        part = self.path(pack_id, partial=True)
+        if offset != self.held(pack_id):
+            raise PackCorrupt(f"chunk at offset {offset} does not continue the {self.held(pack_id)} "
+                              "bytes held")
+        with open(part, "ab") as f:
+            f.write(data)
+
+    def commit(self, pack_id: str) -> int:
+        """Verify the finished transfer and move it into the cache; returns its size.
+        A pack that fails verification is deleted and PackCorrupt/ModelMismatch raised."""
+        part = self.path(pack_id, partial=True)
+        data = part.read_bytes()
+        try:
+            if content_id(data) != pack_id:
+                raise PackCorrupt("content hash does not match the pack id")
+            pack = open_pack(data, self.fingerprint)
+            pack.container.verify_payload()
+            damaged = pack.container.first_damaged()
+            if damaged is not None:
+                raise PackCorrupt("checksum mismatch", damaged)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        with open(part, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(part, self.path(pack_id))
+        return len(data)
+
+    def load(self, pack_id: str):
+        """The decoded KVContext of a cached pack (checksums verified on every decode)."""
+        from kvedge.common.pack.format import read_pack
+
+        with self._lock:
+            if pack_id in self._decoded:
+                self._decoded.move_to_end(pack_id)
+                return self._decoded[pack_id]
+        ctx = read_pack(self.path(pack_id), self.fingerprint)
+        with self._lock:
+            self._decoded[pack_id] = ctx
+            while len(self._decoded) > self.memory_entries:
+                self._decoded.popitem(last=False)
+        return ctx
+
+    def size(self, pack_id: str) -> int:
+        return self.path(pack_id).stat().st_size
+
+    def evict(self) -> list[str]:
+        """Drop unpinned packs, oldest access first, until within capacity."""
+        if not self.capacity:
+            return []
+        files = sorted(self.root.glob("*.kvp"), key=lambda p: p.stat().st_atime)
+        total = sum(p.stat().st_size for p in files)
+        dropped = []
+        for p in files:
+            if total <= self.capacity:
+                break
+            if p.stem not in self.pinned:
+                total -= p.stat().st_size
+                p.unlink()
+                dropped.append(p.stem)
+                with self._lock:
+                    self._decoded.pop(p.stem, None)
+        return dropped

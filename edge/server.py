@@ -1,0 +1,61 @@
+"""The edge daemon's gRPC service: Ask (a server stream of answer pieces, then timings)."""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from dataclasses import asdict
+from pathlib import Path
+
+import grpc
+
+from kvedge.common.auth import TokenStore, check_name, write_secret
+from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.rpc import OPTIONS, add_health, principal, rpc_errors
+from kvedge.edge.engine import AskResult, EdgeEngine
+from kvedge.edge.sync import Target
+
+log = logging.getLogger("kvedge.edge")
+
+
+class EdgeService(pb_grpc.EdgeServicer):
+    def __init__(self, engine: EdgeEngine, tokens: TokenStore, *, default_strategy: str = "a3",
+                 top_k: int = 3, max_new_tokens: int = 48):
+        self.engine, self.tokens = engine, tokens
+        self.default_strategy, self.top_k, self.max_new = default_strategy, top_k, max_new_tokens
+
+    @rpc_errors
+    def Ask(self, request, context):
+        ns = check_name("namespace", request.namespace or "default")
+        principal(self.tokens, context).require(ns)
+        target = Target(ns, check_name("knowledge base", request.kb))
+        for event in self.engine.ask(target, request.question,
+                                     strategy=request.strategy or self.default_strategy,
+                                     top_k=request.top_k or self.top_k,
+                                     max_new_tokens=request.max_new_tokens or self.max_new,
+                                     ratio=request.recompute_ratio or None):
+            if isinstance(event, AskResult):
+                yield pb.AskEvent(done=pb.AskDone(**asdict(event)))
+            else:
+                yield pb.AskEvent(text=event)
+
+
+def serve(engine: EdgeEngine, state_dir: Path, address: str = "127.0.0.1:50052",
+          syncer=None, sync_interval: float = 5.0, **service_options):
+    """Start the daemon (and its sync loop); returns (server, port). Writes an access token to
+    <state_dir>/edge.token on first start."""
+    tokens = TokenStore(Path(state_dir) / "tokens.json")
+    token_file = Path(state_dir) / "edge.token"
+    if not token_file.exists():
+        write_secret(token_file, tokens.issue("edge-admin", ["*"]))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
+    pb_grpc.add_EdgeServicer_to_server(EdgeService(engine, tokens, **service_options), server)
+    add_health(server, ["kvedge.v1.Edge"])
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    if syncer is not None:
+        threading.Thread(target=syncer.run, args=(sync_interval,), name="sync", daemon=True).start()
+    return server, port

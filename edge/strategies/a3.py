@@ -1,0 +1,75 @@
+"""`a3`: Attention-Aware Accurate KV Cache Fusion (A3, ../shared/papers/a3-*.txt, Sec. 2).
+
+1. Position recovery (Eq. 2): each segment's pre-RoPE keys are rotated to their positions in
+   the composed prompt (`assemble_cache(realign=True)`).
+2. Every context token and the question pass through decoder blocks 0 and 1, so layer 1 holds
+   the true Q/K/V of all of them (K_true). There the question's attention picks the tokens
+   to recompute (Eq. 3):  s(d_i) = Σ_j softmax(q_j K_trueᵀ / √h)_{d_i},  Re = top_{r·n}(s),
+   summed over query heads too; r is the recompute ratio (default 0.15), n the context length.
+3. From layer 2 on only [Re, Q] run (Eq. 4–5): their fresh K/V overwrite the cached ones,
+   every other token keeps its realigned cached K/V.
+The chat prefix is not a candidate: its KV is exact already (it always sits at position 0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvedge.common.attention import attention_probs
+from kvedge.common.kvcache import DenseKV
+from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+
+SCORE_LAYER = 1  # K_true after block 0; the first layer whose inputs are contextual
+
+
+def question_attention(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float,
+                       window: int | None, n_positions: int) -> torch.Tensor:
+    """Σ over query heads and question tokens of their attention to each cached position.
+
+    q (Hkv, G, Nq, D) rotated; returns scores (n_positions,) indexed by position.
+    """
+    heads = [layer.view()] if isinstance(layer, DenseKV) else [h.view() for h in layer.heads]
+    scores = torch.zeros(n_positions)
+    for h, (k, _, k_pos) in enumerate(heads):
+        qh = q if isinstance(layer, DenseKV) else q[h: h + 1]
+        probs = attention_probs(qh, k, q_pos, k_pos, scale, window)  # (H, G, Nq, Tk)
+        scores.index_add_(0, k_pos.cpu(), probs.sum(dim=(0, 1, 2)).cpu())
+    return scores
+
+
+@dataclass
+class A3(ReuseStrategy):
+    ratio: float = 0.15
+
+    name = "a3"
+
+    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
+        if not 0 <= self.ratio <= 1:
+            raise ValueError(f"recompute ratio must be in [0, 1], got {self.ratio}")
+        n_run = composed.n_context + len(composed.question_ids)
+        cache = assemble_cache(rt, composed, realign=True, reserve=len(composed.question_ids)
+                               + reserve)
+        start, q_start = composed.n_prefix, composed.question_start
+        run_pos = torch.arange(start, start + n_run)
+        run_ids = torch.tensor(composed.context_ids + composed.question_ids)
+        question = composed.question_positions()
+        budget = round(self.ratio * composed.n_context)
+        chosen: dict[str, torch.Tensor] = {}
+
+        def observe(layer, q, q_pos, cache_layer):
+            if layer != SCORE_LAYER or "re" in chosen:
+                return
+            is_q = q_pos >= q_start
+            scores = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
+                                        rt.layers[layer].window, q_start + len(question))
+            context_scores = scores[start:q_start]
+            top = torch.topk(context_scores, min(budget, context_scores.numel())).indices
+            chosen["re"] = torch.sort(top + start).values
+
+        def active(layer, current):
+            if layer <= SCORE_LAYER:
+                return None
+            return torch.cat([chosen["re"], question])
+
+        return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)

@@ -1,0 +1,116 @@
+"""What every reuse strategy shares: the composed prompt, the plan it returns, cache assembly.
+
+A composed prompt is [chat prefix][segment 1]...[segment k][question + assistant header]. The
+prefix's KV is exact (it always sits at position 0); each segment's pre-RoPE KV comes from its
+pack, prefilled on its own from position 0 in the cloud. A strategy turns this into a Plan:
+the cache to start from, the tokens to run (context tokens it recomputes, then the question)
+and the per-layer active sets — then the runtime decodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvedge.common.kvcache import DenseKV, RaggedKV
+
+
+@dataclass
+class Composed:
+    prefix_ids: list[int]
+    prefix_keys: list[torch.Tensor]     # per layer (Hkv, P, D), pre-RoPE, exact
+    prefix_values: list[torch.Tensor]
+    segments: list                      # KVContexts (pre-RoPE, maybe ragged per head)
+    question_ids: list[int]
+
+    @property
+    def offsets(self) -> list[int]:
+        """Position of each segment's first token in the composed prompt."""
+        out, pos = [], len(self.prefix_ids)
+        for seg in self.segments:
+            out.append(pos)
+            pos += seg.n_tokens
+        return out
+
+    @property
+    def context_ids(self) -> list[int]:
+        return [t for seg in self.segments for t in seg.token_ids]
+
+    @property
+    def n_prefix(self) -> int:
+        return len(self.prefix_ids)
+
+    @property
+    def n_context(self) -> int:
+        return sum(seg.n_tokens for seg in self.segments)
+
+    @property
+    def question_start(self) -> int:
+        return self.n_prefix + self.n_context
+
+    def question_positions(self) -> torch.Tensor:
+        return torch.arange(self.question_start, self.question_start + len(self.question_ids))
+
+    def all_ids(self) -> list[int]:
+        return self.prefix_ids + self.context_ids + self.question_ids
+
+
+@dataclass
+class Plan:
+    cache: list
+    run_ids: torch.Tensor
+    run_positions: torch.Tensor
+    active: object = None          # None, a list per layer, or a callable plan
+    recomputed: int = 0            # context tokens recomputed at full depth
+    observe: object = None         # runtime observer the plan needs (selection strategies)
+
+
+class ReuseStrategy:
+    """Base class: subclasses set `name` and implement `plan`."""
+
+    name: ClassVar[str] = ""
+
+    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
+        raise NotImplementedError
+
+    def question_plan(self, composed: Composed, cache) -> Plan:
+        """Run only the question over `cache` (the reuse strategies' common case)."""
+        return Plan(cache, torch.tensor(composed.question_ids), composed.question_positions())
+
+
+def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int = 0):
+    """The prompt's context KV as a runtime cache: prefix + every segment at its offset.
+
+    realign=True rotates each segment's keys to its composed positions (PIE, A3 Eq. 2);
+    realign=False keeps the rotation of the positions it was prefilled at (full reuse) while
+    masking by composed positions. Dense when every head kept every token, ragged otherwise.
+    """
+    offsets = composed.offsets
+    n_prefix = composed.n_prefix
+    prefix_pos = torch.arange(n_prefix)
+    seq_len = composed.question_start + len(composed.question_ids) + reserve
+    layers = []
+    for layer in range(rt.n_layers):
+        heads_k, heads_v, heads_pos = [], [], []
+        for head in range(rt.n_kv):
+            ks = [rt.realign(composed.prefix_keys[layer][head], prefix_pos, seq_len)]
+            vs = [composed.prefix_values[layer][head]]
+            ps = [prefix_pos]
+            for seg, off in zip(composed.segments, offsets):
+                kept = seg.kept_positions[layer][head].to(torch.long)
+                local = torch.searchsorted(torch.tensor(seg.positions), kept)  # 0-based in segment
+                rope_at = local + off if realign else local
+                ks.append(rt.realign(seg.keys[layer][head].to(rt.dtype), rope_at, seq_len))
+                vs.append(seg.values[layer][head].to(rt.dtype))
+                ps.append(local + off)
+            heads_k.append(torch.cat(ks))
+            heads_v.append(torch.cat(vs))
+            heads_pos.append(torch.cat(ps))
+        if all(p.numel() == heads_pos[0].numel() for p in heads_pos) and \
+                all(torch.equal(p, heads_pos[0]) for p in heads_pos):
+            layers.append(DenseKV(torch.stack(heads_k), torch.stack(heads_v), heads_pos[0],
+                                  reserve))
+        else:
+            layers.append(RaggedKV(heads_k, heads_v, heads_pos, reserve))
+    return layers

@@ -1,0 +1,14 @@
+"""`pie`: realignment only (PIE, as A3 Sec. 3.1 describes it): each segment's pre-RoPE keys
+rotated to their positions in the composed prompt (A3 Eq. 2), nothing recomputed."""
+from __future__ import annotations
+
+from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+
+
+class Pie(ReuseStrategy):
+    name = "pie"
+
+    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
+        cache = assemble_cache(rt, composed, realign=True,
+                               reserve=len(composed.question_ids) + reserve)
+        return self.question_plan(composed, cache)

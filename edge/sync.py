@@ -1,0 +1,124 @@
+"""Keep the local pack cache in step with the cloud for the KBs this edge serves.
+
+For each served KB (namespace, name, variant) the syncer fetches the packs it lacks —
+resuming broken transfers from what it holds — verifies them, and only then rewrites the KB's
+local manifest (`kbs/<ns>/<name>[@variant].json`: segments, pack ids, segment texts for
+retrieval). The engine answers from local manifests alone, so the edge keeps answering when
+the cloud is down.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvedge.common.auth import check_name
+from kvedge.common.pack.container import read_manifest
+
+log = logging.getLogger("kvedge.sync")
+
+
+@dataclass(frozen=True)
+class Target:
+    namespace: str
+    kb: str
+    variant: str = ""
+
+    @classmethod
+    def parse(cls, spec: str, default_namespace: str = "default") -> "Target":
+        """'kb', 'ns/kb' or 'ns/kb@variant'."""
+        ns, _, rest = spec.rpartition("/")
+        kb, _, variant = rest.partition("@")
+        return cls(check_name("namespace", ns or default_namespace),
+                   check_name("knowledge base", kb), variant)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kb}" + (f"@{self.variant}" if self.variant else "")
+
+
+def manifest_path(state_dir: Path, target: Target) -> Path:
+    name = target.kb + (f"@{target.variant}" if target.variant else "")
+    return Path(state_dir) / "kbs" / target.namespace / f"{name}.json"
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+class Syncer:
+    def __init__(self, client, cache, state_dir: Path | str, targets: list[Target], detokenize):
+        self.client, self.cache = client, cache
+        self.state_dir = Path(state_dir)
+        self.targets = targets
+        self.detokenize = detokenize
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+
+    def sync_once(self) -> dict[str, int]:
+        """Fetch what is missing for every target; returns packs fetched per target."""
+        fetched = {}
+        for target in self.targets:
+            fetched[target.key] = self._sync(target)
+        self.cache.pinned = {s["pack_id"] for t in self.targets
+                             for s in (self.local(t) or {}).get("segments", [])}
+        self.cache.evict()
+        return fetched
+
+    def _sync(self, target: Target) -> int:
+        info = self.client.get_kb(target.namespace, target.kb, target.variant)
+        if not info.segments:
+            return 0  # still ingesting for the first time
+        old = self.local(target)
+        if old and old["fingerprint"] == info.model_fingerprint and \
+                [s["pack_id"] for s in old["segments"]] == [s.pack_id for s in info.segments] \
+                and all(self.cache.has(s.pack_id) for s in info.segments):
+            return 0
+        count, segments = 0, []
+        for seg in info.segments:
+            if not self.cache.has(seg.pack_id):
+                self._fetch(target.namespace, seg.pack_id)
+                count += 1
+            manifest = read_manifest(self.cache.path(seg.pack_id).read_bytes())
+            segments.append({"index": seg.index, "pack_id": seg.pack_id, "source": seg.source,
+                             "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,
+                             "fp16_bytes": seg.fp16_bytes,
+                             "text": self.detokenize(manifest.token_ids)})
+        _write_json(manifest_path(self.state_dir, target),
+                    {"namespace": target.namespace, "kb": target.kb, "variant": target.variant,
+                     "fingerprint": info.model_fingerprint, "mode": info.mode,
+                     "segments": segments})
+        log.info("synced %s: %d segments (%d fetched)", target.key, len(segments), count)
+        return count
+
+    def _fetch(self, namespace: str, pack_id: str) -> None:
+        offset = self.cache.held(pack_id)
+        for chunk in self.client.fetch_pack(namespace, pack_id, offset):
+            self.cache.append(pack_id, chunk.offset, chunk.data)
+        self.cache.commit(pack_id)
+
+    def local(self, target: Target) -> dict | None:
+        path = manifest_path(self.state_dir, target)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def run(self, interval: float = 5.0) -> None:
+        """Sync forever (until stop()); failures are logged and retried, serving goes on."""
+        while not self._stop.is_set():
+            try:
+                self.sync_once()
+                self.last_error = None
+            except Exception as err:  # noqa: BLE001 - the cloud may be down; keep serving
+                self.last_error = f"{type(err).__name__}: {err}"
+                log.warning("sync failed (serving from the local cache): %s", self.last_error)
+            self._stop.wait(interval)
+
+    def stop(self) -> None:
+        self._stop.set()

