@@ -14,6 +14,11 @@ import torch
 from kvedge.cloud.ingest import Segment, make_segments
 
 
+# SamKV's local Q cache (Eq. 1) is mean-pooled at the edge: a short tail suffices, and with
+# Hq > Hkv a 64-token tail outweighed a short segment's whole KV.
+QUERY_CACHE_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class EncodedSegment:
     index: int
@@ -57,7 +62,7 @@ class PrefillEngine:
         ctx = KVContext.from_dense(res.keys, res.values, segment.token_ids,
                                    model_fingerprint=self.loaded.fingerprint,
                                    tokenizer_id=self.loaded.tokenizer_id, queries=res.queries,
-                                   namespace=namespace)
+                                   query_tokens=QUERY_CACHE_TOKENS, namespace=namespace)
         data = encode_pack(ctx, codec)
         n = len(segment.token_ids)
         fp16 = 2 * self.rt.n_layers * self.rt.n_kv * n * self.rt.head_dim * 2
