@@ -5,6 +5,7 @@ reader sees either the old complete KB or the new complete one, never a half-wri
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -34,6 +35,11 @@ CREATE TABLE IF NOT EXISTS segments (
     n_tokens INTEGER NOT NULL, source TEXT NOT NULL, fp16_bytes INTEGER NOT NULL,
     PRIMARY KEY (kb_id, variant, idx));
 CREATE INDEX IF NOT EXISTS segments_by_pack ON segments(pack_id);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, namespace TEXT NOT NULL, kbs TEXT NOT NULL, method TEXT NOT NULL,
+    budget REAL NOT NULL, codec TEXT NOT NULL, status TEXT NOT NULL, done INTEGER NOT NULL,
+    total INTEGER NOT NULL, failures TEXT NOT NULL, created REAL NOT NULL,
+    finished REAL NOT NULL DEFAULT 0, compress_s REAL NOT NULL DEFAULT 0);
 """
 
 BASE = ""  # the base (uncompressed) variant's name
@@ -66,6 +72,41 @@ class KBRecord:
     files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path → (sha256, size)
     variants: dict[str, dict] = field(default_factory=dict)  # variant → status row
     segments: list[Segment] = field(default_factory=list)    # of the requested variant
+
+
+@dataclass
+class JobRecord:
+    """A batch compression job: `method` at `budget` with `codec` over some KBs' contexts."""
+
+    id: str
+    namespace: str
+    kbs: list[str]
+    method: str
+    budget: float
+    codec: str
+    status: str = "queued"  # queued | running | done | failed | cancelled
+    done: int = 0
+    total: int = 0
+    failures: list[dict] = field(default_factory=list)  # {"kb", "segment", "error"}
+    created: float = 0.0
+    finished: float = 0.0
+    compress_s: float = 0.0
+
+    @property
+    def variant(self) -> str:
+        return variant_name(self.method, self.budget, self.codec)
+
+    @classmethod
+    def from_row(cls, row) -> "JobRecord":
+        (id_, ns, kbs, method, budget, codec, status, done, total, failures, created, finished,
+         compress_s) = row
+        return cls(id_, ns, json.loads(kbs), method, budget, codec, status, done, total,
+                   json.loads(failures), created, finished, compress_s)
+
+
+def variant_name(method: str, budget: float, codec: str) -> str:
+    """e.g. contrastkv-0.2-int4+zstd: one pack variant per (method, budget, codec)."""
+    return f"{method}-{budget:g}-{codec}"
 
 
 class Catalog:
@@ -194,6 +235,28 @@ class Catalog:
             return {r[0] for r in self._db.execute(
                 "SELECT DISTINCT k.namespace FROM segments s JOIN kbs k ON k.id = s.kb_id "
                 "WHERE s.pack_id=?", (pack_id,))}
+
+    # ------------------------------------------------------------------ jobs
+
+    def put_job(self, job: "JobRecord") -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (job.id, job.namespace, json.dumps(job.kbs), job.method, job.budget,
+                        job.codec, job.status, job.done, job.total, json.dumps(job.failures),
+                        job.created, job.finished, job.compress_s))
+
+    def job(self, namespace: str, job_id: str) -> "JobRecord":
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id=? AND namespace=?",
+                                   (job_id, namespace)).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id!r} in namespace {namespace!r}")
+        return JobRecord.from_row(row)
+
+    def jobs(self, namespaces: list[str] | None) -> list["JobRecord"]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM jobs ORDER BY created").fetchall()
+        return [JobRecord.from_row(r) for r in rows if namespaces is None or r[1] in namespaces]
 
     def close(self) -> None:
         self._db.close()

@@ -315,3 +315,71 @@ def needle_cmd(model_name, tokens, seed):
 
     ok = run_needle_demo(model_name, tokens, seed, echo=click.echo)
     sys.exit(0 if ok else 1)
+
+
+# ---------------------------------------------------------------------- batch jobs
+
+@kvctl.group("job")
+def job_group():
+    """Batch compression jobs: new pack variants per (method, budget, codec)."""
+
+
+def _print_job(job):
+    fails = f", {len(job.failures)} failed" if job.failures else ""
+    click.echo(f"{job.job_id}  {job.status:9s} {job.method}@{job.budget:g} {job.codec:12s} "
+               f"{job.done}/{job.total} contexts{fails}  → variant {job.variant}  "
+               f"kbs {list(job.kbs)}")
+    for f in job.failures:
+        click.echo(f"    {f.kb} segment {f.segment}: {f.error}")
+
+
+@job_group.command("submit")
+@click.option("--kb", "kbs", multiple=True, required=True, help="repeatable")
+@click.option("--method", required=True,
+              help="contrastkv | kvzip | snapkv | streamingllm | random | none (codec only)")
+@click.option("--budget", type=float, default=1.0, show_default=True,
+              help="fraction of KV pairs kept")
+@click.option("--codec", default="fp16", show_default=True)
+@with_cloud
+@click.option("--wait/--no-wait", default=True, show_default=True)
+def job_submit(kbs, method, budget, codec, address, token, namespace, wait):
+    """Compress every context of the KBs; the result is a new variant of each KB."""
+    from tqdm import tqdm
+
+    with _cloud(address, token) as cloud:
+        job = cloud.submit_job(namespace, list(kbs), method, budget, codec)
+        click.echo(f"job {job.job_id} submitted: {job.total} contexts → variant {job.variant}")
+        if not wait:
+            return
+        bar = tqdm(total=job.total, unit="ctx", desc=job.job_id)
+        for job in cloud.watch_job(namespace, job.job_id):
+            bar.n = job.done
+            bar.refresh()
+        bar.close()
+        _print_job(job)
+        if job.status != "done":
+            sys.exit(1)
+
+
+@job_group.command("status")
+@click.argument("job_id")
+@with_cloud
+def job_status(job_id, address, token, namespace):
+    with _cloud(address, token) as cloud:
+        _print_job(cloud.get_job(namespace, job_id))
+
+
+@job_group.command("list")
+@with_cloud
+def job_list(address, token, namespace):
+    with _cloud(address, token) as cloud:
+        for job in cloud.list_jobs(namespace):
+            _print_job(job)
+
+
+@job_group.command("cancel")
+@click.argument("job_id")
+@with_cloud
+def job_cancel(job_id, address, token, namespace):
+    with _cloud(address, token) as cloud:
+        _print_job(cloud.cancel_job(namespace, job_id))

@@ -127,3 +127,28 @@ class CloudClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{kb!r} not ready after {timeout:.0f} s (status {info.status})")
             time.sleep(0.3)
+
+    # ------------------------------------------------------------------ batch jobs
+
+    def submit_job(self, namespace: str, kbs: list[str], method: str, budget: float,
+                   codec: str = "fp16") -> pb.JobInfo:
+        return self._call(self.stub.SubmitJob, pb.JobRequest(namespace=namespace, kbs=kbs,
+                                                             method=method, budget=budget,
+                                                             codec=codec))
+
+    def get_job(self, namespace: str, job_id: str) -> pb.JobInfo:
+        return self._call(self.stub.GetJob, pb.JobRef(namespace=namespace, job_id=job_id))
+
+    def list_jobs(self, namespace: str = "") -> list[pb.JobInfo]:
+        return list(self._call(self.stub.ListJobs, pb.JobsRequest(namespace=namespace)).jobs)
+
+    def cancel_job(self, namespace: str, job_id: str) -> pb.JobInfo:
+        return self._call(self.stub.CancelJob, pb.JobRef(namespace=namespace, job_id=job_id))
+
+    def watch_job(self, namespace: str, job_id: str) -> Iterator[pb.JobInfo]:
+        """The job's state each time it changes, until it ends."""
+        try:
+            yield from self.stub.WatchJob(pb.JobRef(namespace=namespace, job_id=job_id),
+                                          metadata=metadata(self.token), timeout=24 * 3600)
+        except grpc.RpcError as err:
+            raise_remote(err)

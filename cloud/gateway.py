@@ -20,6 +20,7 @@ import grpc
 
 from kvedge.cloud.catalog import BASE, Catalog, NotFound, Segment
 from kvedge.cloud.ingest import BadInput, check_path, decode_text
+from kvedge.cloud.jobs import JobRunner
 from kvedge.cloud.store import PackStore
 from kvedge.common.auth import TokenStore, check_name, write_secret
 from kvedge.common.proto import kvedge_pb2 as pb
@@ -89,7 +90,64 @@ class Staging:
         return self.path(namespace, sha).read_bytes()
 
 
-class Gateway(pb_grpc.CloudServicer):
+def job_info(job) -> pb.JobInfo:
+    return pb.JobInfo(job_id=job.id, namespace=job.namespace, kbs=job.kbs, method=job.method,
+                      budget=job.budget, codec=job.codec, status=job.status, done=job.done,
+                      total=job.total, variant=job.variant, created=job.created,
+                      finished=job.finished, compress_s=job.compress_s,
+                      failures=[pb.JobFailure(**f) for f in job.failures])
+
+
+class JobsService:
+    """The gateway's batch-job calls, mixed into Gateway."""
+
+    @rpc_errors
+    def SubmitJob(self, request, context):
+        self._authorized(context, request.namespace)
+        for kb in request.kbs:
+            check_name("knowledge base", kb)
+        job = self.jobs.submit(request.namespace, list(request.kbs), request.method,
+                               request.budget, request.codec or "fp16")
+        return job_info(job)
+
+    @rpc_errors
+    def GetJob(self, request, context):
+        self._authorized(context, request.namespace)
+        return job_info(self.catalog.job(request.namespace, request.job_id))
+
+    @rpc_errors
+    def WatchJob(self, request, context):
+        """Stream the job's state whenever it changes, until it ends."""
+        import time
+
+        self._authorized(context, request.namespace)
+        last = None
+        while context.is_active():
+            info = job_info(self.catalog.job(request.namespace, request.job_id))
+            if info != last:
+                yield info
+                last = info
+            if info.status in ("done", "failed", "cancelled"):
+                return
+            time.sleep(0.2)
+
+    @rpc_errors
+    def ListJobs(self, request, context):
+        who = principal(self.tokens, context)
+        if request.namespace:
+            who.require(request.namespace)
+        jobs = [j for j in self.catalog.jobs([request.namespace] if request.namespace else None)
+                if who.may_read(j.namespace)]
+        return pb.JobsReply(jobs=[job_info(j) for j in jobs])
+
+    @rpc_errors
+    def CancelJob(self, request, context):
+        self._authorized(context, request.namespace)
+        return job_info(self.jobs.cancel(request.namespace, request.job_id))
+
+
+class Gateway(JobsService, pb_grpc.CloudServicer):
+    """Upload, catalog and fetch calls (batch jobs: JobsService)."""
     def __init__(self, config: GatewayConfig, pool):
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +156,7 @@ class Gateway(pb_grpc.CloudServicer):
         self.staging = Staging(config.data_dir / "staging")
         self.tokens = TokenStore(config.data_dir / "tokens.json")
         self.pool = pool
+        self.jobs = JobRunner(self.catalog, self.store, pool)
         self._ingests: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
 

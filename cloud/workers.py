@@ -19,6 +19,15 @@ from kvedge.cloud.ingest import Segment, make_segments
 QUERY_CACHE_TOKENS = 16
 
 
+METHOD_NONE = "none"  # re-encode with another codec, evict nothing
+
+
+def method_names() -> list[str]:
+    from kvedge.cloud.eviction import METHODS
+
+    return sorted(METHODS)
+
+
 @dataclass(frozen=True)
 class EncodedSegment:
     index: int
@@ -26,6 +35,7 @@ class EncodedSegment:
     data: bytes
     n_tokens: int
     fp16_bytes: int
+    seconds: float = 0.0
 
 
 class PrefillEngine:
@@ -64,9 +74,30 @@ class PrefillEngine:
                                    tokenizer_id=self.loaded.tokenizer_id, queries=res.queries,
                                    query_tokens=QUERY_CACHE_TOKENS, namespace=namespace)
         data = encode_pack(ctx, codec)
-        n = len(segment.token_ids)
-        fp16 = 2 * self.rt.n_layers * self.rt.n_kv * n * self.rt.head_dim * 2
-        return EncodedSegment(segment.index, pack_id(data), data, n, fp16)
+        return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
+                              self.fp16_bytes(ctx.n_tokens))
+
+    def fp16_bytes(self, n_tokens: int) -> int:
+        """What n tokens' full KV takes in fp16: the yardstick every pack is measured against."""
+        return 2 * self.rt.n_layers * self.rt.n_kv * n_tokens * self.rt.head_dim * 2
+
+    def compress(self, index: int, pack: bytes, method: str, budget: float,
+                 codec: str) -> EncodedSegment:
+        """Evict (query-agnostic) and re-encode one context's base pack."""
+        import time
+
+        from kvedge.common.pack.container import pack_id
+        from kvedge.common.pack.format import encode_pack, read_pack
+
+        start = time.perf_counter()
+        ctx = read_pack(pack, self.loaded.fingerprint)
+        if method != METHOD_NONE:
+            from kvedge.cloud.eviction import evict_context
+
+            ctx = evict_context(self.rt, ctx, method, budget)
+        data = encode_pack(ctx, codec)
+        return EncodedSegment(index, pack_id(data), data, ctx.n_tokens,
+                              self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start)
 
 
 class PrefillPool:
@@ -107,6 +138,31 @@ class PrefillPool:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             yield ray.get(done[0])
+
+    def compress_all(self, packs: list[tuple[int, bytes]], method: str, budget: float,
+                     codec: str, cancelled=None):
+        """Yield (index, EncodedSegment | Exception) per context as actors finish them.
+        A task whose actor died is retried by Ray (max_task_retries); what still fails comes
+        back as the exception, and the other contexts go on."""
+        import ray
+
+        actors = self._ensure()
+        pending = {}
+        for i, (index, data) in enumerate(packs):
+            ref = actors[i % len(actors)].compress.remote(index, data, method, budget, codec)
+            pending[ref] = index
+        while pending:
+            if cancelled is not None and cancelled.is_set():
+                for ref in pending:
+                    ray.cancel(ref)
+                return
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in done:
+                index = pending.pop(ref)
+                try:
+                    yield index, ray.get(ref)
+                except Exception as err:  # noqa: BLE001 - reported per context
+                    yield index, getattr(err, "cause", None) or err
 
     def shutdown(self):
         import ray

@@ -320,3 +320,58 @@ def test_smollm2_answers_from_synced_packs(tmp_path_factory):
             assert "1873" in done.answer, (strategy, done.answer)
     finally:
         server.stop(0)
+
+
+# ---------------------------------------------------------------------- batch jobs
+
+
+def test_codec_job_writes_a_smaller_variant_the_edge_can_serve(client, cloud, tmp_path):
+    base = upload_ready(client, write_kb(tmp_path / "kb", DOCS), "jobbed")
+    job = client.submit_job("default", ["jobbed"], "none", 1.0, "int4+zstd")
+    states = [j.status for j in client.watch_job("default", job.job_id)]
+    assert states[-1] == "done" and job.variant == "none-1-int4+zstd"
+    variant = client.get_kb("default", "jobbed", job.variant)
+    assert variant.status == "ready" and len(variant.segments) == len(base.segments)
+    # tiny model: manifests and side tensors weigh as much as its 16-dim KV, so only ~1.4×
+    assert sum(s.pack_bytes for s in variant.segments) < 0.8 * sum(s.pack_bytes
+                                                                   for s in base.segments)
+    assert set(client.get_kb("default", "jobbed").variants) == {"", job.variant}
+    assert [j.job_id for j in client.list_jobs("default")][-1] == job.job_id
+    loaded = load_model(MODEL)
+    cache = PackCache(tmp_path / "packs", loaded.fingerprint)
+    target = Target.parse(f"default/jobbed@{job.variant}")
+    Syncer(client, cache, tmp_path, [target], loaded.tokenizer.decode).sync_once()
+    engine = EdgeEngine(loaded, cache, tmp_path)
+    assert list(engine.ask(target, "alpha code?", max_new_tokens=2))[-1].tokens == 2
+
+
+def test_job_reports_failed_contexts_and_publishes_nothing(client, cloud, tmp_path):
+    base = upload_ready(client, write_kb(tmp_path / "kb", {"only.md": "Lonely text " * 30}),
+                        "fragile")
+    store = cloud["gateway"].store
+    victim = base.segments[0].pack_id
+    good = store.read(victim)
+    path = store._path(victim)
+    broken = bytearray(good)
+    broken[len(good) // 2] ^= 1
+    Path(path).write_bytes(bytes(broken))  # bit rot in the store
+    try:
+        job = client.submit_job("default", ["fragile"], "none", 1.0, "int8")
+        final = list(client.watch_job("default", job.job_id))[-1]
+    finally:
+        Path(path).write_bytes(good)
+    assert final.status == "failed"
+    assert final.failures[0].kb == "fragile" and "PackCorrupt" in final.failures[0].error
+    info = client.get_kb("default", "fragile", job.variant)
+    assert info.status == "failed" and list(info.segments) == []
+
+
+def test_bad_job_requests_are_refused(client):
+    with pytest.raises(BadInput, match="unknown method"):
+        client.submit_job("default", ["served"], "clairvoyance", 0.2)
+    with pytest.raises(BadInput, match="budget"):
+        client.submit_job("default", ["served"], "none", 0.0)
+    with pytest.raises(NotFound):
+        client.submit_job("default", ["ghost"], "none", 1.0)
+    with pytest.raises(NotFound):
+        client.get_job("default", "nope")

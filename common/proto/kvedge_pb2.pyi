@@ -190,6 +190,82 @@ class PackChunk(_message.Message):
     total: int
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total: _Optional[int] = ...) -> None: ...
 
+class JobRequest(_message.Message):
+    __slots__ = ("namespace", "kbs", "method", "budget", "codec")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KBS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    kbs: _containers.RepeatedScalarFieldContainer[str]
+    method: str
+    budget: float
+    codec: str
+    def __init__(self, namespace: _Optional[str] = ..., kbs: _Optional[_Iterable[str]] = ..., method: _Optional[str] = ..., budget: _Optional[float] = ..., codec: _Optional[str] = ...) -> None: ...
+
+class JobRef(_message.Message):
+    __slots__ = ("namespace", "job_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    job_id: str
+    def __init__(self, namespace: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class JobFailure(_message.Message):
+    __slots__ = ("kb", "segment", "error")
+    KB_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    kb: str
+    segment: int
+    error: str
+    def __init__(self, kb: _Optional[str] = ..., segment: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("job_id", "namespace", "kbs", "method", "budget", "codec", "status", "done", "total", "failures", "variant", "created", "finished", "compress_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KBS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    namespace: str
+    kbs: _containers.RepeatedScalarFieldContainer[str]
+    method: str
+    budget: float
+    codec: str
+    status: str
+    done: int
+    total: int
+    failures: _containers.RepeatedCompositeFieldContainer[JobFailure]
+    variant: str
+    created: float
+    finished: float
+    compress_s: float
+    def __init__(self, job_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kbs: _Optional[_Iterable[str]] = ..., method: _Optional[str] = ..., budget: _Optional[float] = ..., codec: _Optional[str] = ..., status: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[JobFailure, _Mapping]]] = ..., variant: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., compress_s: _Optional[float] = ...) -> None: ...
+
+class JobsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class JobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
 class AskRequest(_message.Message):
     __slots__ = ("namespace", "kb", "question", "strategy", "top_k", "max_new_tokens", "recompute_ratio")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

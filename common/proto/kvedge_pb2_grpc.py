@@ -64,6 +64,31 @@ class CloudStub:
                 request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
                 response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/kvedge.v1.Cloud/SubmitJob',
+                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/kvedge.v1.Cloud/GetJob',
+                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/kvedge.v1.Cloud/WatchJob',
+                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/kvedge.v1.Cloud/ListJobs',
+                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsReply.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/kvedge.v1.Cloud/CancelJob',
+                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                _registered_method=True)
 
 
 class CloudServicer:
@@ -105,6 +130,36 @@ class CloudServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CloudServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +192,31 @@ def add_CloudServicer_to_server(servicer, server):
                     servicer.FetchPack,
                     request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.FromString,
                     response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsReply.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +381,141 @@ class Cloud:
             '/kvedge.v1.Cloud/FetchPack',
             kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
             kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvedge.v1.Cloud/SubmitJob',
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvedge.v1.Cloud/GetJob',
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvedge.v1.Cloud/WatchJob',
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvedge.v1.Cloud/ListJobs',
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsRequest.SerializeToString,
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvedge.v1.Cloud/CancelJob',
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
