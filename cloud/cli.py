@@ -33,6 +33,15 @@ def kvctl():
     """kvedge control: models, packs, the demo."""
 
 
+def _register_pack_group():
+    from kvedge.common.pack.cli import pack
+
+    kvctl.add_command(pack)
+
+
+_register_pack_group()
+
+
 @kvctl.command("models")
 def models_cmd():
     """List the models kvedge can load (and whether their files are installed)."""
