@@ -183,6 +183,9 @@ def upload_cmd(folder, name, address, token, namespace, segment_tokens, whole, c
         bar.close()
         click.echo(f"{namespace}/{name}: {reply.files_received} file(s) sent, "
                    f"{reply.files_skipped} unchanged")
+        if reply.ignored:
+            click.echo(f"not uploaded (only .txt/.md are ingested): {', '.join(reply.ignored)}",
+                       err=True)
         if no_wait:
             return
         seg_bar = tqdm(desc="prefill", unit="seg")
@@ -307,11 +310,15 @@ def ask_cmd(question, kb, namespace, strategy, top_k, max_new_tokens, ratio, add
 @kvctl.command("demo")
 @click.option("--model", "model_name", default="smollm2-135m-instruct", show_default=True)
 @click.option("--keep", is_flag=True, help="keep the demo's data folder")
-def demo_cmd(model_name, keep):
+@click.option("--codec", default="int8", show_default=True, help="pack codec")
+@click.option("--kb-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="another KB folder with a questions.json [default: the bundled one]")
+def demo_cmd(model_name, keep, codec, kb_dir):
     """Gateway + edge on this machine: upload the bundled KB, ask its questions, compare."""
-    from kvedge.cloud.demo import run_demo
+    from kvedge.cloud.demo import DEMO_KB, run_demo
 
-    sys.exit(0 if run_demo(model_name, keep=keep, echo=click.echo) else 1)
+    ok = run_demo(model_name, keep=keep, echo=click.echo, codec=codec, kb_dir=kb_dir or DEMO_KB)
+    sys.exit(0 if ok else 1)
 
 
 @kvctl.command("needle")

@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 
 import grpc
 
-from kvedge.cloud.ingest import BadInput
+from kvedge.cloud.ingest import TEXT_SUFFIXES, BadInput
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import CHUNK, channel, metadata, raise_remote
@@ -24,21 +24,34 @@ class LocalFile:
     size: int
 
 
-def scan_folder(folder: Path | str) -> list[LocalFile]:
-    """Every non-hidden regular file under `folder`, hashed (the server judges the types)."""
+def scan_folder(folder: Path | str) -> tuple[list[LocalFile], list[str]]:
+    """(the .txt/.md files under `folder`, hashed; the other files, which are not uploaded).
+    Hidden files and folders are ignored; the gateway still checks every file's content."""
     folder = Path(folder)
     if not folder.is_dir():
         raise BadInput(f"{folder} is not a folder")
-    files = []
+    files, skipped = [], []
     for full in sorted(folder.rglob("*")):
         rel = full.relative_to(folder)
-        if full.is_file() and not any(part.startswith(".") for part in rel.parts):
-            data = full.read_bytes()
-            files.append(LocalFile(rel.as_posix(), full, hashlib.sha256(data).hexdigest(),
-                                   len(data)))
+        if not full.is_file() or any(part.startswith(".") for part in rel.parts):
+            continue
+        if full.suffix.lower() not in TEXT_SUFFIXES:
+            skipped.append(rel.as_posix())
+            continue
+        data = full.read_bytes()
+        files.append(LocalFile(rel.as_posix(), full, hashlib.sha256(data).hexdigest(), len(data)))
     if not files:
-        raise BadInput(f"{folder} has no files to upload")
-    return files
+        raise BadInput(f"{folder} has no {' or '.join(TEXT_SUFFIXES)} files to upload"
+                       + (f" (skipped: {', '.join(skipped[:5])})" if skipped else ""))
+    return files, skipped
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    files_received: int      # files sent in this upload
+    files_skipped: int       # files the gateway already had, unchanged
+    ignored: list[str]       # files that are not .txt/.md, not uploaded
+    status: str
 
 
 class CloudClient:
@@ -64,10 +77,11 @@ class CloudClient:
 
     def upload(self, folder: Path | str, namespace: str, kb: str, *, segment_tokens: int = 0,
                whole: bool = False, codec: str = "", chunk_size: int = CHUNK,
-               progress: Callable[[int, int], None] | None = None) -> pb.UploadReply:
-        """Upload a folder; unchanged files are skipped, a broken upload resumes where it was.
-        progress(bytes_sent, bytes_to_send) is called after every chunk."""
-        files = scan_folder(folder)
+               progress: Callable[[int, int], None] | None = None) -> "UploadResult":
+        """Upload a folder's .txt/.md files; unchanged files are skipped, a broken upload
+        resumes where it was. progress(bytes_sent, bytes_to_send) is called after every chunk.
+        """
+        files, skipped = scan_folder(folder)
         entries = [pb.FileEntry(path=f.path, sha256=f.sha256, size=f.size) for f in files]
         plan = self._call(self.stub.PlanUpload,
                           pb.UploadPlanRequest(namespace=namespace, kb=kb, files=entries))
@@ -90,7 +104,8 @@ class CloudClient:
                     if progress:
                         progress(sent, total)
 
-        return self._call(self.stub.Upload, stream(), timeout=600)
+        reply = self._call(self.stub.Upload, stream(), timeout=600)
+        return UploadResult(reply.files_received, reply.files_skipped, skipped, reply.status)
 
     def get_kb(self, namespace: str, kb: str, variant: str = "") -> pb.KBInfo:
         return self._call(self.stub.GetKB, pb.KBRef(namespace=namespace, kb=kb, variant=variant))

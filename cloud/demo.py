@@ -71,14 +71,16 @@ def wait_for(predicate, what: str, children: list[Child], timeout: float) -> Non
         time.sleep(0.3)
 
 
-def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = "int8") -> bool:
+def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = "int8",
+             kb_dir: Path = DEMO_KB) -> bool:
     from kvedge.cloud.client import CloudClient
     from kvedge.common.rpc import wait_healthy
     from kvedge.edge.client import EdgeClient
 
     root = Path(tempfile.mkdtemp(prefix="kvedge-demo-"))
     cloud_addr, edge_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    questions = json.loads((DEMO_KB / "questions.json").read_text())
+    kb_dir = Path(kb_dir)
+    questions = json.loads((kb_dir / "questions.json").read_text())
     children: list[Child] = []
     try:
         echo(f"starting the gateway on {cloud_addr} (Ray in-process; data in {root})")
@@ -91,7 +93,7 @@ def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = "int8
         token = (root / "cloud" / "admin.token").read_text().strip()
         with CloudClient(cloud_addr, token) as cloud:
             t0 = time.perf_counter()
-            reply = cloud.upload(DEMO_KB, "default", "demo")
+            reply = cloud.upload(kb_dir, "default", "demo")
             echo(f"uploaded {reply.files_received} files; prefilling segments on Ray ...")
             info = cloud.wait_ready("default", "demo", timeout=1200)
             packed = sum(s.pack_bytes for s in info.segments)

@@ -14,8 +14,9 @@ import torch
 from kvedge.cloud.ingest import Segment, make_segments
 
 
-# SamKV's local Q cache (Eq. 1) is mean-pooled at the edge: a short tail suffices, and with
-# Hq > Hkv a 64-token tail outweighed a short segment's whole KV.
+# SamKV's local Q cache (Eq. 1) enters the query vector as one pooled vector per head, so the
+# pack keeps the mean pre-RoPE query of the last 16 tokens: (Hq, 1, D) per layer. Keeping the
+# tokens themselves cost more than a short segment's whole KV (Hq = 3 Hkv on SmolLM2).
 QUERY_CACHE_TOKENS = 16
 
 
@@ -71,8 +72,10 @@ class PrefillEngine:
         res = self.rt.prefill(ids, want_queries=True, logits="none")
         ctx = KVContext.from_dense(res.keys, res.values, segment.token_ids,
                                    model_fingerprint=self.loaded.fingerprint,
-                                   tokenizer_id=self.loaded.tokenizer_id, queries=res.queries,
-                                   query_tokens=QUERY_CACHE_TOKENS, namespace=namespace)
+                                   tokenizer_id=self.loaded.tokenizer_id,
+                                   queries=[q[:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True)
+                                            for q in res.queries],
+                                   query_tokens=1, namespace=namespace)
         data = encode_pack(ctx, codec)
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
                               self.fp16_bytes(ctx.n_tokens))

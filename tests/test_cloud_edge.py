@@ -81,6 +81,13 @@ def test_upload_prefills_segments_into_verified_packs(client, cloud, tmp_path):
     assert b"".join(c.data for c in tail) == data[-10:]  # resumable from an offset
 
 
+def test_non_text_files_are_left_out_and_named(client, tmp_path):
+    folder = write_kb(tmp_path / "kb", {"a.md": "Alpha text.\n", "q.json": "[]"})
+    result = client.upload(folder, "default", "mixed")
+    assert result.files_received == 1 and result.ignored == ["q.json"]
+    assert client.wait_ready("default", "mixed").n_files == 1
+
+
 def test_reupload_skips_unchanged_files_and_replaces_changed_packs(client, cloud, tmp_path):
     docs = {name: text.replace("code", "cipher") for name, text in DOCS.items()}  # unshared packs
     folder = write_kb(tmp_path / "kb", docs)
@@ -131,7 +138,7 @@ def test_broken_upload_resumes_from_its_offset(client, cloud, tmp_path):
 
 @pytest.mark.parametrize("docs,error,match", [
     ({"image.txt": b"\x89PNG\x00\x00binary"}, BadInput, "binary"),
-    ({"doc.pdf": b"%PDF-1.4"}, BadInput, "only .txt, .md"),
+    ({"doc.pdf": b"%PDF-1.4"}, BadInput, "no .txt or .md files"),
     ({"latin1.txt": "caf\xe9".encode("latin-1")}, BadInput, "not UTF-8"),
     ({"empty.md": b"   \n\n  "}, BadInput, "no text"),
 ])
@@ -159,8 +166,15 @@ def test_names_and_empty_folders_are_checked(client, cloud, tmp_path):
     with pytest.raises(InvalidName):
         client.upload(folder, "bad/ns", "fine")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(BadInput, match="no files"):
+    with pytest.raises(BadInput, match="no .txt or .md files"):
         client.upload(tmp_path / "empty", "default", "empty")
+    # the gateway refuses other file types itself, whatever a client sends
+    entry = pb.FileEntry(path="x.pdf", sha256="0" * 64, size=1)
+    with pytest.raises(grpc.RpcError) as err:
+        client.stub.Upload(iter([pb.UploadChunk(header=pb.UploadHeader(
+            namespace="default", kb="pdfs", files=[entry]))]), metadata=metadata(cloud["token"]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "only .txt, .md" in err.value.details()
     store_files = list((cloud["data"] / "store").rglob("*.tmp"))
     assert store_files == []
 
