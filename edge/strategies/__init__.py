@@ -7,12 +7,14 @@ from __future__ import annotations
 from kvedge.common.errors import InvalidRequest
 from kvedge.edge.strategies.a3 import A3
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.edge.strategies.cacheblend import CacheBlend
+from kvedge.edge.strategies.epic import Epic
 from kvedge.edge.strategies.full_reuse import FullReuse
 from kvedge.edge.strategies.pie import Pie
 from kvedge.edge.strategies.recompute import Recompute
 
 STRATEGIES: dict[str, type[ReuseStrategy]] = {cls.name: cls for cls in (
-    Recompute, FullReuse, Pie, A3,
+    Recompute, FullReuse, Pie, A3, CacheBlend, Epic,
 )}
 
 

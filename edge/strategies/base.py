@@ -84,7 +84,9 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
 
     realign=True rotates each segment's keys to its composed positions (PIE, A3 Eq. 2);
     realign=False keeps the rotation of the positions it was prefilled at (full reuse) while
-    masking by composed positions. Dense when every head kept every token, ragged otherwise.
+    masking by composed positions. Dense when every head kept every token; ragged once anything
+    was evicted (recomputing an evicted token then computes it without storing it back, in every
+    head alike — a dense cache would treat the hole as an error).
     """
     offsets = composed.offsets
     n_prefix = composed.n_prefix
@@ -107,8 +109,8 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
             heads_k.append(torch.cat(ks))
             heads_v.append(torch.cat(vs))
             heads_pos.append(torch.cat(ps))
-        if all(p.numel() == heads_pos[0].numel() for p in heads_pos) and \
-                all(torch.equal(p, heads_pos[0]) for p in heads_pos):
+        full = n_prefix + composed.n_context
+        if all(p.numel() == full for p in heads_pos):
             layers.append(DenseKV(torch.stack(heads_k), torch.stack(heads_v), heads_pos[0],
                                   reserve))
         else:
