@@ -18,9 +18,7 @@ import torch
 
 from kvedge.common.attention import attention_probs
 from kvedge.common.kvcache import DenseKV
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
-
-SCORE_LAYER = 1  # K_true after block 0; the first layer whose inputs are contextual
+from kvedge.edge.strategies.base import ShallowSelection
 
 
 def question_attention(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float,
@@ -39,37 +37,15 @@ def question_attention(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float
 
 
 @dataclass
-class A3(ReuseStrategy):
+class A3(ShallowSelection):
     ratio: float = 0.15
 
     name = "a3"
 
-    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
-        if not 0 <= self.ratio <= 1:
-            raise ValueError(f"recompute ratio must be in [0, 1], got {self.ratio}")
-        n_run = composed.n_context + len(composed.question_ids)
-        cache = assemble_cache(rt, composed, realign=True, reserve=len(composed.question_ids)
-                               + reserve)
-        start, q_start = composed.n_prefix, composed.question_start
-        run_pos = torch.arange(start, start + n_run)
-        run_ids = torch.tensor(composed.context_ids + composed.question_ids)
-        question = composed.question_positions()
-        budget = round(self.ratio * composed.n_context)
-        chosen: dict[str, torch.Tensor] = {}
-
-        def observe(layer, q, q_pos, cache_layer):
-            if layer != SCORE_LAYER or "re" in chosen:
-                return
-            is_q = q_pos >= q_start
-            scores = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
-                                        rt.layers[layer].window, q_start + len(question))
-            context_scores = scores[start:q_start]
-            top = torch.topk(context_scores, min(budget, context_scores.numel())).indices
-            chosen["re"] = torch.sort(top + start).values
-
-        def active(layer, current):
-            if layer <= SCORE_LAYER:
-                return None
-            return torch.cat([chosen["re"], question])
-
-        return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)
+    def score(self, rt, composed, state, q, q_pos, cache_layer):
+        q_start = composed.question_start
+        is_q = q_pos >= q_start
+        scores = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
+                                    rt.layers[self.score_layer].window,
+                                    q_start + len(composed.question_ids))
+        return scores[composed.n_prefix:q_start]

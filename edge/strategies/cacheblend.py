@@ -11,52 +11,35 @@ from dataclasses import dataclass
 
 import torch
 
-from kvedge.edge.strategies.a3 import SCORE_LAYER
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.common.kvcache import DenseKV
+from kvedge.edge.strategies.base import ShallowSelection
+
+
+def values_by_position(cache_layer) -> torch.Tensor:
+    """Values as (Hkv, max_pos + 1, D), indexed by position; zeros where a head holds none."""
+    if isinstance(cache_layer, DenseKV):
+        _, v, pos = cache_layer.view()
+        out = torch.zeros(v.shape[0], int(pos.max()) + 1, v.shape[-1])
+        out[:, pos] = v.float()
+        return out
+    views = [h.view() for h in cache_layer.heads]
+    top = max(int(pos.max()) for _, _, pos in views if pos.numel()) + 1
+    out = torch.zeros(len(views), top, views[0][1].shape[-1])
+    for h, (_, v, pos) in enumerate(views):
+        out[h, pos] = v[0].float()
+    return out
 
 
 @dataclass
-class CacheBlend(ReuseStrategy):
+class CacheBlend(ShallowSelection):
     ratio: float = 0.15
 
     name = "cacheblend"
 
-    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
-        cache = assemble_cache(rt, composed, realign=True,
-                               reserve=len(composed.question_ids) + reserve)
-        start, q_start = composed.n_prefix, composed.question_start
-        stale = _values_by_position(cache[SCORE_LAYER])  # before recompute overwrites them
-        question = composed.question_positions()
-        budget = round(self.ratio * composed.n_context)
-        chosen: dict[str, torch.Tensor] = {}
+    def before(self, rt, composed, cache):
+        return values_by_position(cache[self.score_layer])  # the reused (stale) values
 
-        def observe(layer, q, q_pos, cache_layer):
-            if layer != SCORE_LAYER or "hkvd" in chosen:
-                return
-            fresh = _values_by_position(cache_layer)
-            context = torch.arange(start, q_start)
-            deviation = (fresh[:, context] - stale[:, context]).norm(dim=-1).sum(0)  # (n,)
-            top = torch.topk(deviation, min(budget, deviation.numel())).indices
-            chosen["hkvd"] = torch.sort(top + start).values
-
-        def active(layer, current):
-            return None if layer <= SCORE_LAYER else torch.cat([chosen["hkvd"], question])
-
-        run_pos = torch.arange(start, q_start + len(question))
-        run_ids = torch.tensor(composed.context_ids + composed.question_ids)
-        return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)
-
-
-def _values_by_position(cache_layer) -> torch.Tensor:
-    """Values as (Hkv, max_pos + 1, D), indexed by position; zeros where a head holds none."""
-    heads = [(cache_layer.view(), None)] if hasattr(cache_layer, "buf") else \
-        [(h.view(), i) for i, h in enumerate(cache_layer.heads)]
-    n_heads = heads[0][0][1].shape[0] if heads[0][1] is None else len(heads)
-    top = max(int(view[2].max()) for view, _ in heads) + 1
-    out = torch.zeros(n_heads, top, heads[0][0][1].shape[-1])
-    for (k, v, pos), h in heads:
-        if h is None:
-            out[:, pos] = v.float()
-        else:
-            out[h, pos] = v[0].float()
-    return out
+    def score(self, rt, composed, stale, q, q_pos, cache_layer):
+        fresh = values_by_position(cache_layer)
+        context = torch.arange(composed.n_prefix, composed.question_start)
+        return (fresh[:, context] - stale[:, context]).norm(dim=-1).sum(0)
