@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -45,26 +45,16 @@ class _KB:
     index: BM25Index
 
 
-@dataclass
-class EdgeConfig:
-    state_dir: Path
-    default_strategy: str = "a3"
-    top_k: int = 3
-    max_new_tokens: int = 48
-    namespace: str = "default"
-    kbs: list[str] = field(default_factory=list)
-
-
 class EdgeEngine:
-    def __init__(self, loaded, cache, state_dir: Path | str):
+    def __init__(self, loaded, cache=None, state_dir: Path | str | None = None):
         from kvedge.common.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.rt = Runtime(loaded)
         self.tok = loaded.tokenizer
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir) if state_dir else None
         self._kbs: dict[str, _KB] = {}
-        self._lock = threading.Lock()  # one answer at a time: 2 cores, one model copy
+        self._lock = threading.Lock()
         head, tail = self.tok.apply_chat_template([{"role": "user", "content": "\x00"}],
                                                   add_generation_prompt=True,
                                                   tokenize=False).split("\x00")
@@ -89,40 +79,56 @@ class EdgeEngine:
     def question_ids(self, question: str) -> list[int]:
         return self.tok(f"Question: {question.strip()}\n{INSTRUCTION}{self.suffix}")["input_ids"]
 
-    def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
-            max_new_tokens: int = 48, ratio: float | None = None) -> Iterator[str | AskResult]:
-        """Yield pieces of the answer as they are decoded, then one AskResult."""
+    def compose(self, segments: list, question: str) -> Composed:
+        """[chat prefix][segments in the given order][question + assistant header]."""
+        return Composed(self.prefix_ids, self.prefix_keys, self.prefix_values, segments,
+                        self.question_ids(question))
+
+    def answer(self, composed: Composed, strategy, max_new_tokens: int) -> Iterator[str | dict]:
+        """Plan with `strategy`, decode, yield answer pieces, then a dict of what it cost
+        (times are relative to the call; plan building counts toward the first token)."""
         from kvedge.common.generate import generate
+        from kvedge.common.kvcache import cache_nbytes
         from kvedge.common.textstream import TextStream
 
+        start = time.perf_counter()
+        plan = strategy.plan(self.rt, composed, reserve=max_new_tokens)
+        stream, times = TextStream(self.tok), []
+        eos = self.tok.eos_token_id
+        for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
+                              max_new_tokens, stop_ids=(eos,), active=plan.active,
+                              observe=plan.observe):
+            times.append(time.perf_counter())
+            if token == eos:
+                break
+            piece = stream.push(token)
+            if piece:
+                yield piece
+        yield {"answer": stream.text.strip(), "tokens": len(stream.ids),
+               "first_token_s": times[0] - start if times else 0.0,
+               "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
+               "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
+               "prompt_tokens": len(composed.all_ids())}
+
+    def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
+            max_new_tokens: int = 48, ratio: float | None = None) -> Iterator[str | AskResult]:
+        """Retrieve, load the packs, answer: yield answer pieces, then one AskResult."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, ratio)
         if not question.strip():
             from kvedge.cloud.ingest import BadInput
             raise BadInput("the question is empty")
-        with self._lock:
+        with self._lock:  # one answer at a time: 2 cores, one model copy
             kb = self._kb(target)
             # the best segment goes last, next to the question: small models copy from there
             picked = kb.index.top_k(question, top_k)[::-1]
             metas = [kb.manifest["segments"][i] for i in picked]
-            segments = [self.cache.load(m["pack_id"]) for m in metas]
-            composed = Composed(self.prefix_ids, self.prefix_keys, self.prefix_values, segments,
-                                self.question_ids(question))
-            plan = chosen.plan(self.rt, composed, reserve=max_new_tokens)
-            stream, times = TextStream(self.tok), []
-            eos = self.tok.eos_token_id
-            for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
-                                  max_new_tokens, stop_ids=(eos,), active=plan.active,
-                                  observe=plan.observe):
-                times.append(time.perf_counter())
-                if token == eos:
-                    break
-                piece = stream.push(token)
-                if piece:
-                    yield piece
-        ttft = times[0] - start if times else 0.0
-        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-        yield AskResult(stream.text.strip(), ttft, tpot, len(stream.ids),
-                        [m["index"] for m in metas], sum(m["pack_bytes"] for m in metas),
-                        sum(m["fp16_bytes"] for m in metas), chosen.name,
-                        len(composed.all_ids()), plan.recomputed)
+            composed = self.compose([self.cache.load(m["pack_id"]) for m in metas], question)
+            setup = time.perf_counter() - start
+            for event in self.answer(composed, chosen, max_new_tokens):
+                if isinstance(event, str):
+                    yield event
+        yield AskResult(event["answer"], setup + event["first_token_s"], event["tpot_s"],
+                        event["tokens"], [m["index"] for m in metas],
+                        sum(m["pack_bytes"] for m in metas), sum(m["fp16_bytes"] for m in metas),
+                        chosen.name, event["prompt_tokens"], event["recomputed"])
