@@ -33,13 +33,15 @@ def kvctl():
     """kvedge control: models, packs, the demo."""
 
 
-def _register_pack_group():
+def _register_groups():
+    from kvedge.bench.__main__ import bench
     from kvedge.common.pack.cli import pack
 
     kvctl.add_command(pack)
+    kvctl.add_command(bench)
 
 
-_register_pack_group()
+_register_groups()
 
 
 @kvctl.command("models")

@@ -3,7 +3,6 @@
 A tiny random model keeps it fast; test_smollm2_answers checks a real answer.
 """
 import hashlib
-import shutil
 from pathlib import Path
 
 import grpc

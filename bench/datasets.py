@@ -1,0 +1,58 @@
+"""Question-answer items for the runner: the bundled demo KB, and the generated task families.
+
+An item is documents + questions with reference answers. For the reuse suite an item is one
+question over `length` documents (the one holding the answer and seeded distractors, in seeded
+order); for the eviction suite an item is one context of `length` documents asked several
+questions (compressed once, asked all).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+DEMO_KB = Path(__file__).resolve().parent.parent / "cloud" / "demo_kb"
+
+
+@dataclass(frozen=True)
+class QAItem:
+    key: str
+    documents: list[str]
+    questions: list[tuple[str, list[str]]]
+
+
+def _demo_kb() -> tuple[dict[str, str], list[dict]]:
+    from kvedge.cloud import demo
+
+    folder = Path(demo.DEMO_KB)
+    docs = {p.name: p.read_text() for p in sorted(folder.glob("*.md"))}
+    return docs, json.loads((folder / "questions.json").read_text())
+
+
+def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAItem]:
+    docs, questions = _demo_kb()
+    rng = random.Random(seed)
+    names = sorted(docs)
+    if suite == "reuse":
+        items = []
+        for i, q in enumerate(questions[:n_items]):
+            others = rng.sample([n for n in names if n != q["doc"]], max(length - 1, 0))
+            order = others + [q["doc"]]
+            rng.shuffle(order)
+            items.append(QAItem(f"demo-kb/{seed}/{i}/{length}", [docs[n] for n in order],
+                                [(q["question"], q["answers"])]))
+        return items
+    asked = questions[:n_items]
+    chosen = list(dict.fromkeys([q["doc"] for q in asked] +
+                                rng.sample(names, len(names))))[:max(length, len(asked))]
+    rng.shuffle(chosen)
+    return [QAItem(f"demo-kb/{seed}/kbqa/{length}/{n_items}", [docs[n] for n in chosen],
+                   [(q["question"], q["answers"]) for q in asked])]
+
+
+def load_items(task: str, suite: str, length: int, n_items: int, seed: int,
+               tokenizer=None) -> list[QAItem]:
+    if task == "demo-kb":
+        return demo_kb_items(suite, length, n_items, seed)
+    raise KeyError(f"unknown benchmark task {task!r}; known: ['demo-kb']")

@@ -1,0 +1,127 @@
+"""Running one cell: the reuse suite (RAG) and the eviction suite (KBQA), on the services' code.
+
+Packs are made by the cloud's `PrefillEngine.encode` and read back with the edge's
+`read_pack`; prompts are composed and answered by the edge's `EdgeEngine`; eviction is the
+cloud's `evict_context`, the one batch jobs run. Ceilings (recompute / full KV) are measured in
+the same process on the same items and cached per item, so every ratio is side by side.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from kvedge.bench.datasets import QAItem, load_items
+from kvedge.bench.runner import Cell
+
+CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
+
+
+def matches(prediction: str, answers: list[str]) -> tuple[float, float]:
+    """(any reference found, fraction of references found): case-insensitive substring."""
+    p = " ".join(prediction.lower().split())
+    found = [" ".join(a.lower().split()) in p for a in answers]
+    return float(any(found)), sum(found) / max(len(found), 1)
+
+
+@dataclass
+class Bench:
+    model: str
+    codec: str = "fp16"
+    max_new_tokens: int = 24
+
+    def __post_init__(self):
+        from kvedge.cloud.workers import PrefillEngine
+        from kvedge.edge.engine import EdgeEngine
+
+        self.prefill = PrefillEngine(self.model)
+        self.engine = EdgeEngine(self.prefill.loaded)
+        self._packs: dict[str, tuple[object, int]] = {}
+        self._ceilings: dict[tuple, dict] = {}
+
+    # ------------------------------------------------------------------ packs
+
+    def pack(self, text: str, namespace: str = "bench"):
+        """(KVContext as the edge reads it, pack bytes) for one document, made once."""
+        from kvedge.common.pack.format import read_pack
+
+        if text not in self._packs:
+            seg, = self.prefill.segment({"doc.md": text}, segment_tokens=1 << 20, whole=True)
+            enc = self.prefill.encode(seg, namespace, self.codec)
+            self._packs[text] = (read_pack(enc.data, self.prefill.loaded.fingerprint),
+                                 len(enc.data))
+        return self._packs[text]
+
+    # ------------------------------------------------------------------ cells
+
+    def run(self, cell: Cell) -> dict:
+        items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
+                           self.prefill.loaded.tokenizer)
+        run = self._reuse if cell.suite == "reuse" else self._evict
+        ceilings = [o for item in items for o in self._ceiling(item, cell.suite, run)]
+        if (cell.method, cell.budget) == CEILING[cell.suite]:  # the ceiling is its own cell
+            return summarize(ceilings, ceilings)
+        outcomes = [o for item in items for o in run(item, cell.method, cell.budget)]
+        return summarize(outcomes, ceilings)
+
+    def _ceiling(self, item: QAItem, suite: str, run) -> list[dict]:
+        key = (suite, item.key)
+        if key not in self._ceilings:
+            self._ceilings[key] = run(item, *CEILING[suite])
+        return self._ceilings[key]
+
+    def _ask(self, composed, strategy, answers) -> dict:
+        *_, stats = self.engine.answer(composed, strategy, self.max_new_tokens)
+        hit_any, hit_all = matches(stats["answer"], answers)
+        return {**stats, "any": hit_any, "all": hit_all}
+
+    def _reuse(self, item: QAItem, method: str, budget: float) -> list[dict]:
+        from kvedge.edge.strategies import get_strategy
+
+        strategy = get_strategy(method, budget if budget < 1 else None)
+        packs = [self.pack(doc) for doc in item.documents]
+        out = []
+        for question, answers in item.questions:
+            composed = self.engine.compose([ctx for ctx, _ in packs], question)
+            row = self._ask(composed, strategy, answers)
+            row["shipped_bytes"] = sum(size for _, size in packs)
+            out.append(row)
+        return out
+
+    def _evict(self, item: QAItem, method: str, budget: float) -> list[dict]:
+        """Compress the whole context once, then answer every question from it (PIE over the
+        compressed, realigned context: the KBQA serving path)."""
+        from kvedge.common.pack.format import encode_pack
+        from kvedge.edge.strategies import get_strategy
+
+        ctx, _ = self.pack("".join(item.documents))
+        start = time.perf_counter()
+        if method != "full":
+            from kvedge.cloud.eviction import evict_context
+
+            ctx = evict_context(self.prefill.rt, ctx, method, budget)
+        compress_s = time.perf_counter() - start
+        shipped = len(encode_pack(ctx, self.codec))
+        out = []
+        for question, answers in item.questions:
+            row = self._ask(self.engine.compose([ctx], question), get_strategy("pie"), answers)
+            out.append({**row, "shipped_bytes": shipped, "compress_s": compress_s})
+        return out
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    values = [r[key] for r in rows if key in r]
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
+    """Per-cell metrics, each beside the same-run ceiling and its ratio."""
+    out = {"questions": len(outcomes)}
+    for key in ("any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
+                "recomputed", "compress_s"):
+        out[key] = _mean(outcomes, key)
+        out[f"ceiling_{key}"] = _mean(ceilings, key)
+    for key in ("any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes"):
+        base = out[f"ceiling_{key}"]
+        out[f"{key}_ratio"] = out[key] / base if base else None
+    out["answers"] = [r["answer"] for r in outcomes][:20]
+    return out
