@@ -390,3 +390,14 @@ def test_bad_job_requests_are_refused(client):
         client.submit_job("default", ["ghost"], "none", 1.0)
     with pytest.raises(NotFound):
         client.get_job("default", "nope")
+
+
+def test_contrastkv_job_writes_a_ragged_variant(client, tmp_path):
+    upload_ready(client, write_kb(tmp_path / "kb", {"e.md": "Evict me softly. " * 40}), "evicted")
+    job = client.submit_job("default", ["evicted"], "contrastkv", 0.3, "int8")
+    assert list(client.watch_job("default", job.job_id))[-1].status == "done"
+    variant = client.get_kb("default", "evicted", job.variant)
+    base = client.get_kb("default", "evicted")
+    assert variant.status == "ready" and job.variant == "contrastkv-0.3-int8"
+    assert sum(s.pack_bytes for s in variant.segments) < 0.6 * sum(s.pack_bytes
+                                                                   for s in base.segments)

@@ -1,0 +1,61 @@
+"""Attention a probe sequence pays to a context's cached keys, never as a full matrix.
+
+A probe (a reconstruction prompt, a noise sequence, a proxy question) runs after the context
+against its full cache; at every layer each context key gets the maximum (KVzip/ContrastKV
+Eq. 8) or the sum (SnapKV) of the attention it receives over the grouped query heads and the
+probe's positions. The softmax runs over every key a probe query sees (context and the
+probe's own earlier tokens) and is then sliced to the context, as Eq. 8 says. Queries are
+processed in chunks, so memory is O(chunk × keys), and long probes run in pieces that each
+restore the context-only cache afterwards.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvedge.common.attention import attention_probs
+from kvedge.common.kvcache import truncate_cache
+
+QUERY_CHUNK = 256
+
+
+def context_cache(rt, ctx):
+    """A dense runtime cache of a context's full (un-evicted) KV at its original positions."""
+    keys = [torch.stack(layer).to(rt.dtype) for layer in ctx.keys]
+    values = [torch.stack(layer).to(rt.dtype) for layer in ctx.values]
+    return rt.dense_cache(keys, values, torch.tensor(ctx.positions), reserve=0)
+
+
+def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str = "max",
+                 window: int | None = None) -> list[torch.Tensor]:
+    """Run probe_ids after the context; per layer (Hkv, n_context) scores.
+
+    reduce: "max" over (group, probe positions) — Eq. 8; "sum" — SnapKV's vote.
+    window: only the probe's last `window` queries vote (SnapKV's observation window).
+    """
+    last = max(layer.max_pos for layer in cache)
+    scores = [torch.zeros(rt.n_kv, n_context) for _ in range(rt.n_layers)]
+    first_voter = len(probe_ids) - window if window else 0
+
+    def observe(layer, q, q_pos, cache_layer):
+        k, _, k_pos = cache_layer.view()
+        for start in range(0, q.shape[2], QUERY_CHUNK):
+            rows = slice(start, start + QUERY_CHUNK)
+            voters = q_pos[rows] - (last + 1) >= first_voter
+            if not bool(voters.any()):
+                continue
+            probs = attention_probs(q[:, :, rows][:, :, voters], k, q_pos[rows][voters], k_pos,
+                                    rt.scale, rt.layers[layer].window)[..., :n_context]
+            if reduce == "max":
+                scores[layer] = torch.maximum(scores[layer], probs.amax(dim=(1, 2)).cpu())
+            else:
+                scores[layer] += probs.sum(dim=(1, 2)).cpu()
+
+    ids = torch.tensor(probe_ids)
+    rt.forward(ids, torch.arange(last + 1, last + 1 + ids.numel()), cache, observe=observe,
+               logits="none")
+    truncate_cache(cache, last)
+    return scores
+
+
+def merge_max(parts: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    return [torch.stack(layer).amax(0) for layer in zip(*parts)]

@@ -1,0 +1,124 @@
+"""Query-agnostic eviction: budgets, protected tokens, ContrastKV's fusion, exact scoring."""
+import pytest
+import torch
+
+from conftest import tiny_runtime
+from kvedge.cloud.eviction import METHODS, UnknownMethod, evict_context, get_method
+from kvedge.cloud.eviction import scoring
+from kvedge.cloud.eviction.contrastkv import fuse, head_fusion, noise_sequence
+from kvedge.common.errors import InvalidRequest
+from kvedge.common.generate import generate
+from kvedge.common.kvcache import cache_nbytes
+from kvedge.common.pack.context import KVContext
+from kvedge.edge.strategies import Composed, get_strategy
+
+
+def context(rt, n=120, seed=0):
+    ids = torch.randint(0, 250, (n,), generator=torch.Generator().manual_seed(seed))
+    res = rt.prefill(ids)
+    return KVContext.from_dense(res.keys, res.values, ids.tolist(), model_fingerprint="m",
+                                tokenizer_id="t")
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("budget", [0.1, 0.5])
+def test_every_method_keeps_exactly_its_budget_and_the_sinks(name, budget):
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt)
+    result = get_method(name, budget).evict(rt, ctx)
+    total = rt.n_layers * rt.n_kv * ctx.n_tokens
+    assert result.kept_pairs == round(budget * total)
+    for layer in result.kept:
+        for kept in layer:
+            assert torch.equal(kept, torch.unique(kept))  # sorted, no repeats
+            assert int(kept.min()) >= 0 and int(kept.max()) < ctx.n_tokens
+            assert set(range(4)) <= set(kept.tolist())  # attention sinks stay
+    again = get_method(name, budget).evict(rt, ctx)
+    assert all(torch.equal(a, b) for la, lb in zip(result.kept, again.kept)
+               for a, b in zip(la, lb))
+
+
+def test_adaptive_methods_spread_budgets_unevenly_and_uniform_ones_do_not():
+    rt = tiny_runtime("tiny-qwen3")
+    ctx = context(rt, seed=1)
+    counts = lambda name: {k.numel() for layer in get_method(name, 0.2).evict(rt, ctx).kept
+                           for k in layer}
+    assert len(counts("contrastkv")) > 1 and len(counts("kvzip")) > 1
+    assert len(counts("snapkv")) == 1 and len(counts("streamingllm")) == 1
+
+
+def test_protected_prefix_is_never_evicted():
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, seed=2)
+    kept = get_method("contrastkv", 0.1, protect=20).evict(rt, ctx).kept
+    assert all(set(range(20)) <= set(k.tolist()) for layer in kept for k in layer)
+
+
+def test_streamingllm_keeps_sinks_and_the_most_recent():
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, n=100)
+    kept = get_method("streamingllm", 0.2).evict(rt, ctx).kept[0][0].tolist()
+    assert kept == [0, 1, 2, 3] + list(range(84, 100))
+
+
+def test_head_and_layer_fusion_follow_eq_9_and_10():
+    pos = torch.tensor([[0.9, 0.1, 0.5, 0.02, 0.4]])
+    neg = torch.tensor([[0.95, 0.05, 0.1, 0.01, 0.9]])
+    gated, undecided = head_fusion(pos, neg, beta=0.2)
+    # token 0 is top in both → 1.0; token 3 bottom in both → 0.0; others keep S_pos
+    assert torch.allclose(gated, torch.tensor([[1.0, 0.1, 0.5, 0.0, 0.4]]))
+    assert undecided.tolist() == [[False, True, True, False, True]]
+    fused = fuse(pos, neg, beta=0.2, gamma=0.12)
+    neg_hat = (neg - 0.01) / (0.95 - 0.01)
+    expect = [1.0, 0.1 + 0.12 * neg_hat[0, 1], 0.5 + 0.12 * neg_hat[0, 2], 0.0,
+              min(0.4 + 0.12 * neg_hat[0, 4].item(), 0.9)]
+    assert torch.allclose(fused[0], torch.tensor(expect))
+
+
+def test_noise_is_seeded_and_uniform_over_the_vocabulary():
+    a, b = noise_sequence(1000, 4096, 3), noise_sequence(1000, 4096, 3)
+    assert a == b and a != noise_sequence(1000, 4096, 4)
+    assert len(set(a)) > 900  # max entropy: close to every id appears
+
+
+def test_probe_scores_are_eq8_and_do_not_depend_on_chunking(monkeypatch):
+    """Max attention over groups and probe positions, sliced to the context, equals a direct
+    computation from the joint prefill's layer-0 queries and keys."""
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, n=40, seed=3)
+    probe = list(range(100, 130))
+    scores = scoring.probe_scores(rt, scoring.context_cache(rt, ctx), 40, probe)
+    monkeypatch.setattr(scoring, "QUERY_CHUNK", 7)
+    assert all(torch.allclose(a, b) for a, b in zip(
+        scores, scoring.probe_scores(rt, scoring.context_cache(rt, ctx), 40, probe)))
+    joint = rt.prefill(torch.tensor(ctx.token_ids + probe), want_queries=True)
+    pos = torch.arange(70)
+    q = rt.realign(joint.queries[0], pos).view(rt.n_kv, rt.group, 70, -1)
+    k = rt.realign(joint.keys[0], pos)
+    att = torch.einsum("hgqd,hkd->hgqk", q, k) * rt.scale
+    att = att.masked_fill(pos[None, :] > pos[:, None], float("-inf")).softmax(-1)
+    direct = att[:, :, 40:, :40].amax(dim=(1, 2))
+    assert torch.allclose(scores[0], direct, atol=1e-5)
+
+
+def test_evicted_context_answers_from_a_smaller_ragged_cache():
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, seed=4)
+    prefix = rt.prefill(torch.tensor([257, 5, 6]))
+    sizes = {}
+    for budget in (1.0, 0.5, 0.2):
+        small = ctx if budget == 1.0 else evict_context(rt, ctx, "contrastkv", budget)
+        composed = Composed([257, 5, 6], prefix.keys, prefix.values, [small], [7, 8, 9])
+        plan = get_strategy("pie").plan(rt, composed, reserve=4)
+        sizes[budget] = cache_nbytes(plan.cache)
+        tokens = list(generate(rt, plan.cache, plan.run_ids, plan.run_positions, 4))
+        assert len(tokens) == 4
+    assert sizes[0.2] < sizes[0.5] < sizes[1.0]
+    assert sizes[0.2] < 0.35 * sizes[1.0]
+
+
+def test_bad_method_requests_are_named():
+    with pytest.raises(UnknownMethod, match="choose one of"):
+        get_method("psychic", 0.2)
+    with pytest.raises(InvalidRequest, match="budget"):
+        get_method("kvzip", 0.0)
