@@ -9,9 +9,13 @@ from kvedge.bench.runner import Preset, run_grid
 
 
 def preset(name: str, model: str | None) -> Preset:
+    if name == "eviction":  # issue 6's grid: every method at 0.5/0.3/0.2/0.1 on the whole KB
+        return Preset(model or "smollm2-135m-instruct", [], [], [], [], ["demo-kb"], [30],
+                      _methods(), [0.5, 0.3, 0.2, 0.1], items=12, max_new_tokens=24)
     if name == "quick":  # minutes on a 2-core CPU: a smoke test of every path
         return Preset(model or "smollm2-135m-instruct", ["demo-kb"], [3],
-                      ["recompute", "pie", "a3"], [0.15], ["demo-kb"], [8], ["full"], [1.0],
+                      ["recompute", "pie", "a3"], [0.15], ["demo-kb"], [8],
+                      ["full", "contrastkv", "kvzip"], [0.2],
                       items=3, max_new_tokens=16)
     return Preset(model or "smollm2-135m-instruct", ["demo-kb"], [3, 6],
                   ["recompute", "full-reuse", "pie", "a3", "cacheblend", "epic"],
@@ -33,7 +37,7 @@ def bench():
 
 
 @bench.command("run")
-@click.option("--preset", "preset_name", type=click.Choice(["quick", "full"]), default="quick",
+@click.option("--preset", "preset_name", type=click.Choice(["quick", "eviction", "full"]), default="quick",
               show_default=True)
 @click.option("--quick", is_flag=True, help="same as --preset quick")
 @click.option("--model", default=None, help="[default: smollm2-135m-instruct]")

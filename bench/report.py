@@ -32,12 +32,15 @@ def tables(rows: list[dict]) -> str:
     if evict:
         out += ["## Eviction methods (KBQA path: compressed once, asked every question)", "",
                 "| task | docs | method | budget | acc (any) | of full KV | KV MB | KV / full | "
-                "shipped MB | compress s | q |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "shipped MB | compress s | compress / prefill | q |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(evict, key=lambda r: (r["task"], r["length"], r["method"], -r["budget"])):
             out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
                        f"{r['any']:.2f} | {_fmt(r['any_ratio'])} | {r['kv_bytes'] / 1e6:.2f} | "
                        f"{_fmt(r['kv_bytes_ratio'])} | {r['shipped_bytes'] / 1e6:.2f} | "
-                       f"{r['compress_s']:.2f} | {r['questions']} |")
+                       f"{r['compress_s']:.2f} | "
+                       f"{_fmt(r['compress_s'] / r['prefill_s'] if r.get('prefill_s') else None, '.1f')}"
+                       f" | {r['questions']} |")
         out.append("")
     return "\n".join(out)
 

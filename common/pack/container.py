@@ -1,0 +1,220 @@
+"""The one-file pack container: header, canonical manifest, safetensors payload. Torch-free.
+
+Layout (all integers little-endian), so a pack streams as one file with resumable offsets:
+
+    offset  size  field
+    0       8     magic b"KVEPACK\\0"
+    8       4     format version (u32)           — fixed forever: readers check it first
+    12      4     flags (u32, must be 0)
+    16      8     manifest length M (u64)
+    24      8     payload length P (u64)
+    32      32    blake3(manifest bytes)
+    64      32    blake3(payload bytes)
+    96      M     manifest: canonical JSON (manifest.Manifest.to_json)
+    96+M    P     payload: a safetensors file; tensor t's part p is named "t/p"
+
+The pack id (its content address) is blake3 over the whole file. Every payload tensor also
+has its own checksum in the manifest, so corruption is reported against the tensor it hit;
+the payload hash in the header then catches what no tensor owns (the safetensors header).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from kvedge.common.pack.errors import PackCorrupt, PackVersionError
+from kvedge.common.pack.manifest import SUPPORTED_VERSIONS, Manifest
+
+MAGIC = b"KVEPACK\0"
+_HEADER = struct.Struct("<8sIIQQ32s32s")
+HEADER_SIZE = _HEADER.size  # 96
+# safetensors dtype names → bytes per element (what a payload part may be)
+DTYPE_SIZES = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+
+
+def digest(data) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def pack_id(data: bytes | memoryview) -> str:
+    """Content address of a pack: blake3 hex over its bytes (never Python's hash())."""
+    return digest(data)
+
+
+@dataclass(frozen=True)
+class RawPart:
+    """One payload part as stored: safetensors dtype name, shape, and its bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: memoryview
+
+
+def tensor_checksum(name: str, codec: str, params: dict,
+                    parts: list[tuple[str, RawPart]]) -> str:
+    """blake3 binding a tensor's name, codec and params (canonical JSON) to its parts' bytes:
+    a changed decoding recipe is as much corruption as a changed byte."""
+    h = blake3.blake3()
+    recipe = json.dumps([name, codec, params], sort_keys=True, separators=(",", ":"))
+    h.update(recipe.encode() + b"\n")
+    for part_name, part in parts:
+        h.update(f"{part_name}|{part.dtype}|{list(part.shape)}\n".encode())
+        h.update(part.data)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------- writing
+def assemble(manifest_bytes: bytes, payload: bytes, version: int) -> bytes:
+    header = _HEADER.pack(MAGIC, version, 0, len(manifest_bytes), len(payload),
+                          blake3.blake3(manifest_bytes).digest(), blake3.blake3(payload).digest())
+    return header + manifest_bytes + payload
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder + fsync + rename: readers see the whole pack or none."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+# ---------------------------------------------------------------------- reading
+@dataclass
+class Container:
+    """A parsed pack whose header and manifest are verified; payload parts are verified as
+    they are read (`tensor_parts`), and `verify_payload` covers the bytes no tensor owns."""
+
+    manifest: Manifest
+    parts: dict[str, RawPart]  # "tensor/part" → bytes
+    payload: memoryview
+    payload_hash: bytes
+
+    def tensor_parts(self, name: str) -> list[tuple[str, RawPart]]:
+        """The parts of one tensor, verified against its checksum."""
+        entry = self.manifest.tensors[name]
+        try:
+            parts = [(p, self.parts[f"{name}/{p}"]) for p in entry.parts]
+        except KeyError as err:
+            raise PackCorrupt(f"payload lacks part {err.args[0]!r}", name) from None
+        if tensor_checksum(name, entry.codec, entry.params, parts) != entry.checksum:
+            raise PackCorrupt("checksum mismatch", name)
+        return parts
+
+    def verify_payload(self) -> None:
+        if blake3.blake3(self.payload).digest() != self.payload_hash:
+            raise PackCorrupt("payload checksum mismatch outside every tensor "
+                              "(safetensors header)")
+
+    def first_damaged(self) -> str | None:
+        """Name of the first tensor whose parts are missing or damaged, if any."""
+        for name in self.manifest.expected_tensors():
+            try:
+                self.tensor_parts(name)
+            except PackCorrupt:
+                return name
+        return None
+
+
+def read_header(data: bytes | memoryview) -> tuple[int, int, int, bytes, bytes]:
+    """(version, manifest length, payload length, manifest hash, payload hash)."""
+    if len(data) < 12 or bytes(data[:8]) != MAGIC:
+        raise PackCorrupt("not a kvedge pack (bad magic or shorter than its header)")
+    version = struct.unpack_from("<I", data, 8)[0]
+    if version not in SUPPORTED_VERSIONS:
+        raise PackVersionError(version, SUPPORTED_VERSIONS)
+    if len(data) < HEADER_SIZE:
+        raise PackCorrupt(f"truncated header ({len(data)} of {HEADER_SIZE} bytes)")
+    _, _, flags, m_len, p_len, m_hash, p_hash = _HEADER.unpack_from(data)
+    if flags != 0:
+        raise PackCorrupt(f"header flags are {flags:#x}, this version writes 0")
+    return version, m_len, p_len, m_hash, p_hash
+
+
+def read_manifest(data: bytes | memoryview) -> Manifest:
+    """Parse and verify the header and manifest only (cheap: no payload hashing)."""
+    version, m_len, _, m_hash, _ = read_header(data)
+    raw = bytes(data[HEADER_SIZE: HEADER_SIZE + m_len])
+    if len(raw) != m_len:
+        raise PackCorrupt(f"truncated manifest ({len(raw)} of {m_len} bytes)")
+    if blake3.blake3(raw).digest() != m_hash:
+        raise PackCorrupt("manifest checksum mismatch")
+    manifest = Manifest.from_json(raw)
+    if manifest.version != version:
+        raise PackCorrupt(f"header says version {version}, manifest {manifest.version}")
+    return manifest
+
+
+def open_container(data: bytes | memoryview) -> Container:
+    """Verify header, manifest and payload framing; tensors are checked as they are read."""
+    data = memoryview(data)
+    manifest = read_manifest(data)
+    _, m_len, p_len, _, p_hash = read_header(data)
+    payload = data[HEADER_SIZE + m_len:]
+    container = Container(manifest, parse_safetensors(payload), payload, p_hash)
+    if len(payload) != p_len:
+        raise PackCorrupt(f"pack is {len(payload) - p_len:+d} bytes off its recorded length",
+                          container.first_damaged())
+    return container
+
+
+def parse_safetensors(buf: memoryview) -> dict[str, RawPart]:
+    """Minimal torch-free safetensors reader; parts whose bytes are cut off are left out."""
+    if len(buf) < 8:
+        raise PackCorrupt("payload is shorter than its safetensors header")
+    n = struct.unpack_from("<Q", buf)[0]
+    if n > len(buf) - 8:
+        raise PackCorrupt("payload safetensors header is cut off")
+    try:
+        header = json.loads(bytes(buf[8: 8 + n]).decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise PackCorrupt("payload safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise PackCorrupt("payload safetensors header is not a JSON object")
+    body = buf[8 + n:]
+    parts = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        part = _raw_part(info, body)
+        if part is not None:
+            parts[name] = part
+    return parts
+
+
+def _raw_part(info, body: memoryview) -> RawPart | None:
+    try:
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        size = DTYPE_SIZES[dtype]
+    except (TypeError, KeyError, ValueError):
+        return None  # unreadable entry: the tensor owning it fails its checksum by name
+    if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
+        return None
+    for s in shape:
+        size *= s
+    if not (isinstance(begin, int) and isinstance(end, int)) or not 0 <= begin <= end \
+            or end - begin != size or end > len(body):
+        return None
+    return RawPart(dtype, tuple(shape), body[begin:end])
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0

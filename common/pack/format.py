@@ -1,0 +1,191 @@
+"""Write and read packs: KVContext ⇄ one verified, content-addressed file.
+
+`write_pack` encodes every (layer, KV head) tensor with the chosen codec (side tensors with
+`side_codec`) and writes atomically; `open_pack` verifies the header and manifest and hands
+out tensors as they are checksummed; `read_pack` verifies everything and returns the
+KVContext. Any damage surfaces as PackCorrupt naming the tensor; a pack for another model as
+ModelMismatch (checked before any tensor is decoded).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import safetensors.torch
+import torch
+import zstandard
+
+from kvedge.common.pack.codecs import Codec, FloatCodec, Piece, Role, get_codec
+from kvedge.common.pack.container import (Container, RawPart, assemble, open_container,
+                                          pack_id, parse_safetensors, tensor_checksum,
+                                          write_atomic)
+from kvedge.common.pack.context import KVContext
+from kvedge.common.pack.errors import ModelMismatch, PackCorrupt
+from kvedge.common.pack.manifest import FORMAT_VERSION, Manifest, TensorEntry, kv_name
+
+DEFAULT_CODEC = "int4+zstd"
+_TORCH_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16,
+                 "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
+                 "I64": torch.int64}
+# What a codec may raise on parts or params that passed their checksum but are still wrong
+# (a hand-made or buggy manifest): reported as corruption of that tensor, never a crash.
+_DECODE_ERRORS = (ValueError, RuntimeError, KeyError, TypeError, IndexError, AttributeError,
+                  OverflowError, StopIteration, zstandard.ZstdError)
+
+
+# ---------------------------------------------------------------------- writing
+def encode_pack(ctx: KVContext, codec: str | Codec = DEFAULT_CODEC,
+                side_codec: str | Codec = "fp16", **options) -> bytes:
+    """The pack's bytes (canonical: the same context and codec give the same bytes)."""
+    codec = get_codec(codec, **options) if isinstance(codec, str) else codec
+    side_codec = get_codec(side_codec) if isinstance(side_codec, str) else side_codec
+    if not isinstance(getattr(side_codec, "inner", side_codec), FloatCodec):
+        raise ValueError(f"side tensors (H, n, D) need a float codec, not {side_codec.name!r}")
+    encoded = {**_encode_heads(ctx, codec), **_encode_side(ctx, side_codec)}
+    payload = safetensors.torch.save({f"{name}/{part}": t.contiguous()
+                                      for name, (_, parts, _) in encoded.items()
+                                      for part, t in parts.items()})
+    raw = parse_safetensors(memoryview(payload))
+    entries = {name: TensorEntry(c.name, params, tuple(parts), tensor_checksum(
+                   name, c.name, params, [(p, raw[f"{name}/{p}"]) for p in parts]))
+               for name, (c, parts, params) in encoded.items()}
+    kept = [[p.tolist() for p in layer] for layer in ctx.kept_positions]
+    manifest = Manifest(ctx.model_fingerprint, ctx.tokenizer_id, ctx.namespace, ctx.n_layers,
+                        ctx.n_kv_heads, ctx.head_dim, ctx.token_ids, ctx.positions,
+                        ctx.segments, kept, entries, _side_spec(ctx))
+    return assemble(manifest.to_json(), payload, FORMAT_VERSION)
+
+
+def _encode_heads(ctx: KVContext, codec: Codec) -> dict:
+    """name → (codec, parts, params) for every (layer, KV head)'s keys and values."""
+    encoded = {}
+    for layer in range(ctx.n_layers):
+        for kind, heads in (("k", ctx.keys[layer]), ("v", ctx.values[layer])):
+            for head, x in enumerate(heads):
+                role = Role("key" if kind == "k" else "value", layer, ctx.n_layers,
+                            ctx.ranks(layer, head), ctx.n_tokens)
+                encoded[kv_name(kind, layer, head)] = (codec, *codec.encode(x, role))
+    return encoded
+
+
+_SIDE = (("block_summaries", "summary"), ("query_cache", "qcache"))
+
+
+def _encode_side(ctx: KVContext, codec: Codec) -> dict:
+    return {f"{prefix}.{layer}": (codec, *codec.encode(t))
+            for key, prefix in _SIDE if getattr(ctx, key) is not None
+            for layer, t in enumerate(getattr(ctx, key))}
+
+
+def _side_spec(ctx: KVContext) -> dict:
+    """The manifest's description of the side tensors a context carries."""
+    side = {}
+    if ctx.block_summaries is not None:
+        side["block_summaries"] = {"block_size": ctx.block_size}
+    if ctx.query_cache is not None:
+        side["query_cache"] = {"tokens": ctx.query_cache[0].shape[1],
+                               "heads": ctx.query_cache[0].shape[0]}
+    return side
+
+
+def write_pack(ctx: KVContext, path: Path | str, codec: str | Codec = DEFAULT_CODEC,
+               side_codec: str | Codec = "fp16", **options) -> str:
+    """Encode and write atomically; returns the pack id (blake3 of the file)."""
+    data = encode_pack(ctx, codec, side_codec, **options)
+    write_atomic(Path(path), data)
+    return pack_id(data)
+
+
+# ---------------------------------------------------------------------- reading
+@dataclass
+class Pack:
+    """An opened pack: header and manifest verified, tensors checksummed as they are read."""
+
+    data: bytes
+    container: Container
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.container.manifest
+
+    @cached_property
+    def id(self) -> str:
+        return pack_id(self.data)
+
+    def check_model(self, model_fingerprint: str | None) -> None:
+        if model_fingerprint is not None and model_fingerprint != self.manifest.model_fingerprint:
+            raise ModelMismatch(
+                f"pack was made by model {self.manifest.model_fingerprint[:16]}…, this model is "
+                f"{model_fingerprint[:16]}…: load the model it was made for or re-encode the "
+                "context with this one")
+
+    def pieces(self, name: str) -> list[Piece]:
+        """A tensor's rows as dense or still-quantized pieces (for the fused kernel)."""
+        return self._decode(name, lambda codec, parts, params: codec.pieces(parts, params))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """One decoded tensor, in the dtype it was encoded from."""
+        return self._decode(name, lambda codec, parts, params: codec.decode(parts, params))
+
+    def _decode(self, name: str, how):
+        entry = self.manifest.tensors[name]
+        codec = get_codec(entry.codec)
+        parts = {p: _to_torch(raw) for p, raw in self.container.tensor_parts(name)}
+        with _decoding(name):
+            self._check_params(name, entry)
+            return how(codec, parts, entry.params)
+
+    def _check_params(self, name: str, entry: TensorEntry) -> None:
+        if list(entry.params.get("shape", ())) != list(self.manifest.expected_shape(name)):
+            raise ValueError(f"params shape {entry.params.get('shape')} is not "
+                             f"{list(self.manifest.expected_shape(name))}")
+
+    def context(self) -> KVContext:
+        """Decode everything (each tensor verified), then the bytes no tensor owns."""
+        m = self.manifest
+        heads = {kind: [[self.tensor(kv_name(kind, layer, head)) for head in range(m.n_kv_heads)]
+                        for layer in range(m.n_layers)] for kind in ("k", "v")}
+        side = {key: [self.tensor(f"{prefix}.{layer}") for layer in range(m.n_layers)]
+                for key, prefix in _SIDE if key in m.side}
+        self.container.verify_payload()
+        kept = [[torch.tensor(h, dtype=torch.long) for h in layer] for layer in m.kept]
+        return KVContext(m.model_fingerprint, m.tokenizer_id, m.token_ids, m.positions,
+                         heads["k"], heads["v"], kept, m.segments, m.namespace,
+                         m.side.get("block_summaries", {}).get("block_size", 64),
+                         side.get("block_summaries"), side.get("query_cache"))
+
+
+@contextmanager
+def _decoding(name: str):
+    try:
+        yield
+    except _DECODE_ERRORS as err:
+        raise PackCorrupt(f"cannot decode ({type(err).__name__}: {err})", name) from None
+
+
+def _to_torch(raw: RawPart) -> torch.Tensor:
+    dtype = _TORCH_DTYPES[raw.dtype]
+    flat = torch.from_numpy(np.frombuffer(raw.data, np.uint8).copy())
+    return (flat.view(dtype) if flat.numel() else torch.empty(0, dtype=dtype)).reshape(raw.shape)
+
+
+def _read(source: Path | str | bytes) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    return Path(source).read_bytes()
+
+
+def open_pack(source: Path | str | bytes, model_fingerprint: str | None = None) -> Pack:
+    """Open a pack (a path or its bytes); ModelMismatch if it belongs to another model."""
+    data = _read(source)
+    pack = Pack(data, open_container(data))
+    pack.check_model(model_fingerprint)
+    return pack
+
+
+def read_pack(source: Path | str | bytes, model_fingerprint: str | None = None) -> KVContext:
+    """Read and verify a whole pack into a KVContext."""
+    return open_pack(source, model_fingerprint).context()

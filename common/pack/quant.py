@@ -1,0 +1,120 @@
+"""Asymmetric group quantization and bit packing (KIVI, arXiv:2402.02750, Sec. 3).
+
+Keys are quantized per channel — a group runs along the token axis for one channel, because
+pre-RoPE keys have outlier *channels* with stable magnitudes — and values per token — a group
+runs along the channel axis of one token. Each group stores a scale and a zero point (fp16):
+    x ≈ code · scale + zero,  code ∈ [0, 2^bits).
+
+Packing is *planar* along the channel axis: with k = 8 / bits codes per byte, byte j of a row
+holds channels j, j + D/k, j + 2D/k, ... at bit offsets 0, bits, 2·bits, ... For int4 the two
+halves of a head vector — exactly the halves RoPE pairs up — share a byte, so the fused
+kernel (kernels/dequant_rope.py) reads each byte once for both rotation operands. int3 codes
+do not tile a byte: they are stored one per byte and left to the entropy stage, which brings
+them to ~2.5–2.8 bits (measured in bench/codec_bench.py) — use int3 only with "+zstd".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+BITS = (2, 3, 4, 8)
+
+
+@dataclass
+class QuantizedTensor:
+    """One (n, D) tensor, quantized. Shapes: packed (n, D / codes_per_byte(bits)) uint8;
+    scale, zero fp16, (ceil(n/G), D) per channel or (n, ceil(D/G)) per token."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    bits: int
+    group_size: int
+    per_channel: bool
+    dim: int  # D (the packed width alone cannot tell it)
+
+    @property
+    def n(self) -> int:
+        return self.packed.shape[0]
+
+    def to(self, device) -> "QuantizedTensor":
+        return replace(self, packed=self.packed.to(device), scale=self.scale.to(device),
+                       zero=self.zero.to(device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Torch reference: (n, D) in `dtype`, math in fp32."""
+        codes = unpack_codes(self.packed, self.bits, self.dim).to(torch.float32)
+        scale, zero = (expand_groups(t.to(torch.float32), self.group_size, self.per_channel,
+                                     self.n, self.dim) for t in (self.scale, self.zero))
+        return (codes * scale + zero).to(dtype)
+
+
+def quantize(x: torch.Tensor, bits: int, group_size: int, per_channel: bool) -> QuantizedTensor:
+    """x (n, D) float → QuantizedTensor. The last group may be shorter than group_size."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits}")
+    n, dim = x.shape
+    if dim % codes_per_byte(bits):
+        raise ValueError(f"int{bits} packing needs head_dim divisible by "
+                         f"{codes_per_byte(bits)}, got {dim}")
+    x = x.to(torch.float32)
+    lo, hi = _group_min_max(x, group_size, per_channel)
+    qmax = (1 << bits) - 1
+    zero = lo.to(torch.float16)
+    scale = ((hi - zero.float()) / qmax).clamp_(min=0).to(torch.float16)
+    if not (torch.isfinite(zero).all() and torch.isfinite(scale).all()):
+        raise ValueError("values exceed the fp16 range of quantization scales; "
+                         "store this tensor with the bf16 or fp32 codec")
+    s = expand_groups(scale.float(), group_size, per_channel, n, dim)
+    z = expand_groups(zero.float(), group_size, per_channel, n, dim)
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))  # a constant group is all zero codes
+    codes = torch.round((x - z) * inv).clamp_(0, qmax).to(torch.uint8)
+    return QuantizedTensor(pack_codes(codes, bits), scale, zero, bits, group_size, per_channel, dim)
+
+
+def _group_min_max(x: torch.Tensor, group: int, per_channel: bool):
+    """Per-group min and max: (ceil(n/G), D) per channel, (n, ceil(D/G)) per token."""
+    if not per_channel:
+        lo, hi = _group_min_max(x.T, group, True)
+        return lo.T.contiguous(), hi.T.contiguous()
+    n, dim = x.shape
+    if n == 0:
+        empty = x.new_empty(0, dim)
+        return empty, empty
+    groups = -(-n // group)
+    pad = groups * group - n
+    if pad:  # repeat the last row: it changes no group's min or max
+        x = torch.cat([x, x[-1:].expand(pad, dim)])
+    x = x.view(groups, group, dim)
+    return x.amin(dim=1), x.amax(dim=1)
+
+
+def expand_groups(t: torch.Tensor, group: int, per_channel: bool, n: int, dim: int):
+    """Per-group tensor → (n, D), each element getting its group's value."""
+    if per_channel:
+        return t.repeat_interleave(group, dim=0)[:n]
+    return t.repeat_interleave(group, dim=1)[:, :dim]
+
+
+def codes_per_byte(bits: int) -> int:
+    return 8 // bits if 8 % bits == 0 else 1
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """codes (n, D) uint8 < 2^bits → (n, D / codes_per_byte) uint8, planar (module docstring)."""
+    k = codes_per_byte(bits)
+    # plane i = channels [i·D/k, (i+1)·D/k)
+    planes = codes.reshape(codes.shape[0], k, codes.shape[1] // k)
+    out = torch.zeros_like(planes[:, 0])
+    for i in range(k):
+        out |= planes[:, i] << (i * bits)
+    return out
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Inverse of `pack_codes`: (n, D / codes_per_byte) uint8 → (n, D) uint8."""
+    k, mask = codes_per_byte(bits), (1 << bits) - 1
+    if packed.shape[1] * k != dim:
+        raise ValueError(f"packed width {packed.shape[1]} does not hold {dim} int{bits} codes")
+    return torch.cat([(packed >> (i * bits)) & mask for i in range(k)], dim=1)

@@ -1,0 +1,143 @@
+"""Codecs: each one round-trips within its error budget, on every shape a ragged head can have."""
+import pytest
+import torch
+
+from kvedge.common.pack.codecs import (CacheGen, IntCodec, Role, Zstd, codec_names, get_codec)
+from kvedge.common.pack.errors import UnknownCodec
+from kvedge.common.pack.quant import QuantizedTensor, pack_codes, quantize, unpack_codes
+
+# relative L2 error bound per base codec on Gaussian data (per-token worst case)
+BOUNDS = {"fp32": 1e-7, "fp16": 1e-3, "bf16": 1e-2, "int8": 0.02, "int4": 0.2, "int3": 0.4,
+          "int2": 0.9,
+          "cachegen": 0.9}
+
+
+def kv_like(n: int, dim: int = 64, seed: int = 0) -> torch.Tensor:
+    """Gaussian rows with a few outlier channels, like pre-RoPE keys."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    x[:, :4] *= 8
+    return x
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("spec", codec_names())
+@pytest.mark.parametrize("kind", ["key", "value"])
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 150])
+def test_roundtrip_within_bounds(spec, kind, n):
+    x = kv_like(n)
+    codec = get_codec(spec)
+    parts, params = codec.encode(x, Role(kind, layer=1, n_layers=4))
+    y = get_codec(spec).decode(parts, params)  # decoding needs only the spec and params
+    assert y.shape == x.shape and y.dtype == x.dtype
+    if n:
+        assert rel(y, x) < BOUNDS[spec.split("+")[0]]
+
+
+def test_more_bits_less_error():
+    x = kv_like(256)
+    errors = [rel(get_codec(f"int{b}").decode(*get_codec(f"int{b}").encode(x, Role("key"))), x)
+              for b in (2, 3, 4, 8)]
+    assert errors[0] > errors[1] > errors[2] > errors[3]
+
+
+def test_zstd_is_lossless_over_its_inner_codec_and_smaller():
+    x = kv_like(512)
+    for base in ("fp16", "int4", "int2"):
+        plain = get_codec(base)
+        parts, params = plain.encode(x, Role("key"))
+        z_parts, z_params = get_codec(base + "+zstd").encode(x, Role("key"))
+        assert torch.equal(get_codec(base + "+zstd").decode(z_parts, z_params),
+                           plain.decode(parts, params))
+        size = sum(t.numel() * t.element_size() for t in parts.values())
+        assert sum(t.numel() for t in z_parts.values()) < size
+
+
+def test_keys_per_channel_values_per_token():
+    x = kv_like(100)
+    key_parts, key_params = IntCodec(4, key_group=32).encode(x, Role("key"))
+    val_parts, val_params = IntCodec(4, value_group=16).encode(x, Role("value"))
+    assert key_params["per_channel"] and key_parts["scale"].shape == (4, 64)
+    assert not val_params["per_channel"] and val_parts["scale"].shape == (100, 4)
+    assert key_parts["packed"].shape == (100, 32) and key_parts["packed"].dtype == torch.uint8
+
+
+@pytest.mark.parametrize("bits, width", [(2, 16), (3, 64), (4, 32), (8, 64)])
+def test_planar_packing(bits, width):
+    codes = torch.randint(0, 1 << bits, (5, 64), dtype=torch.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.shape == (5, width)
+    assert torch.equal(unpack_codes(packed, bits, 64), codes)
+    if bits == 4:  # the two RoPE halves of a channel pair share a byte
+        assert torch.equal(packed & 15, codes[:, :32]) and torch.equal(packed >> 4, codes[:, 32:])
+
+
+def test_quantize_exact_on_grid_and_constant_groups():
+    x = torch.arange(16, dtype=torch.float32).repeat(64, 1).T.contiguous()  # (16, 64) on a grid
+    assert torch.equal(quantize(x, 4, 16, True).dequantize(), x)
+    const = torch.full((10, 64), 3.5)
+    assert torch.equal(quantize(const, 2, 4, False).dequantize(), const)
+
+
+def test_quantize_rejects_what_it_cannot_store():
+    with pytest.raises(ValueError, match="divisible"):
+        quantize(torch.randn(4, 6), 2, 4, True)
+    with pytest.raises(ValueError, match="bf16"):
+        quantize(torch.tensor([[1e6, -1e6]]), 8, 4, True)
+    with pytest.raises(ValueError, match="bits"):
+        quantize(torch.randn(4, 8), 5, 4, True)
+
+
+def test_quantized_piece_is_what_decode_dequantizes():
+    x = kv_like(70)
+    parts, params = get_codec("int4+zstd").encode(x, Role("key"))
+    (piece,) = get_codec("int4+zstd").pieces(parts, params)
+    assert isinstance(piece, QuantizedTensor) and piece.n == 70
+    assert torch.equal(piece.dequantize(), get_codec("int4+zstd").decode(parts, params))
+
+
+def test_cachegen_keeps_sinks_and_recent_tokens_in_fp16():
+    x = kv_like(200)
+    codec = CacheGen(sinks=4, recent=16, layer_bits=((0.5, 4), (1.0, 2)))
+    ranks = torch.arange(200) + 10  # this head's rows are context tokens 10..209 of 300
+    parts, params = codec.encode(x, Role("key", layer=0, n_layers=4, ranks=ranks, n_tokens=300))
+    assert params["head"] == 0 and params["tail"] == 0  # no sink, none in the last 16 of 300
+    parts, params = codec.encode(x, Role("value", layer=3, n_layers=4, n_tokens=200))
+    assert (params["head"], params["tail"], params["bits"]) == (4, 16, 2)
+    y = codec.decode(parts, params)
+    assert torch.equal(y[:4], x[:4].half().float()) and torch.equal(y[-16:], x[-16:].half().float())
+    assert rel(y[4:-16], x[4:-16]) > 0.05  # the middle really is 2-bit
+
+
+def test_cachegen_bit_schedules():
+    assert [CacheGen().bits_for(layer, 8) for layer in range(8)] == [4, 4, 2, 2, 2, 2, 2, 2]
+    calibrated = CacheGen(layer_bits=(4, 2, 8))
+    assert [calibrated.bits_for(layer, 3) for layer in range(3)] == [4, 2, 8]
+    with pytest.raises(ValueError, match="layers"):
+        calibrated.bits_for(0, 4)
+
+
+def test_registry():
+    assert isinstance(get_codec("int2+zstd"), Zstd) and get_codec("int2+zstd").name == "int2+zstd"
+    assert get_codec("int4", key_group=16).key_group == 16
+    for bad in ("int5", "int4+gzip", ""):
+        with pytest.raises(UnknownCodec):
+            get_codec(bad)
+    with pytest.raises(UnknownCodec, match="options"):
+        get_codec("fp16", group=3)
+
+
+def test_allocate_layer_bits_spends_the_budget_on_sensitive_layers():
+    from kvedge.common.pack.calibrate import allocate_layer_bits
+
+    sizes = {2: [100] * 4, 3: [150] * 4, 4: [200] * 4}
+    assert allocate_layer_bits([0.0, 1.0, 0.1, 0.0], sizes, 400) == (2, 2, 2, 2)
+    assert allocate_layer_bits([0.0, 1.0, 0.1, 0.0], sizes, 500) == (2, 4, 2, 2)
+    assert allocate_layer_bits([0.0, 1.0, 0.5, 0.0], sizes, 550) == (2, 4, 3, 2)
+    assert allocate_layer_bits([0.0, 1.0, 0.5, 0.0], sizes, 600) == (2, 4, 4, 2)
+    assert allocate_layer_bits([1.0] * 4, sizes, 800) == (4, 4, 4, 4)
+    with pytest.raises(ValueError, match="even 2 bits"):
+        allocate_layer_bits([1.0] * 4, sizes, 399)

@@ -1,0 +1,76 @@
+"""The fused dequantize+RoPE kernel against its torch reference (Triton's CPU interpreter)."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kvedge.common.pack.codecs import Role, get_codec  # noqa: E402
+from kvedge.common.pack.quant import quantize  # noqa: E402
+from kvedge.kernels.dequant_rope import (dequant_rope, dequant_rope_reference,  # noqa: E402
+                                         dequant_rope_triton)
+from kvedge.kernels.rope import rope_reference  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+
+def inv_freq(dim: int, theta: float = 1e5) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
+@pytest.mark.parametrize("bits", [8, 4, 3, 2])
+@pytest.mark.parametrize("per_channel, group", [(True, 32), (True, 7), (False, 16), (False, 24)])
+@pytest.mark.parametrize("n, dim", [(1, 64), (45, 64), (19, 80)])
+def test_kernel_matches_reference(bits, per_channel, group, n, dim):
+    g = torch.Generator().manual_seed(n * bits)
+    x = torch.randn(n, dim, generator=g) * 4
+    q = quantize(x, bits, group, per_channel)
+    pos = torch.randint(0, 8000, (n,), generator=g)
+    freq = inv_freq(dim)
+    for positions, scaling in ((pos, 1.0), (pos, 0.7), (None, 1.0)):
+        want = dequant_rope_reference(q, positions, freq, scaling)
+        got = dequant_rope_triton(q, positions, freq, scaling)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+def test_kernel_output_dtypes(out_dtype):
+    q = quantize(torch.randn(33, 64), 4, 32, True)
+    pos = torch.arange(33) + 100
+    got = dequant_rope_triton(q, pos, inv_freq(64), 1.0, out_dtype)
+    assert got.dtype == out_dtype
+    torch.testing.assert_close(got.float(), dequant_rope_reference(q, pos, inv_freq(64)),
+                               atol=2e-2, rtol=1e-2)
+
+
+def test_empty_head():
+    q = quantize(torch.empty(0, 64), 4, 32, True)
+    assert dequant_rope_triton(q, torch.empty(0, dtype=torch.long), inv_freq(64)).shape == (0, 64)
+
+
+def test_reference_is_codec_decode_then_rope():
+    x = torch.randn(70, 64)
+    codec = get_codec("int4+zstd")
+    parts, params = codec.encode(x, Role("key"))
+    (piece,) = codec.pieces(parts, params)
+    pos = torch.arange(70) * 2
+    want = rope_reference(codec.decode(parts, params), pos, inv_freq(64))
+    torch.testing.assert_close(dequant_rope_reference(piece, pos, inv_freq(64)), want)
+
+
+def test_rotation_is_really_applied():
+    q = quantize(torch.randn(8, 64), 8, 8, True)
+    moved = dequant_rope_triton(q, torch.arange(8) + 1000, inv_freq(64))
+    still = dequant_rope_triton(q, None)
+    assert (moved - still).abs().max() > 0.1
+    torch.testing.assert_close(moved.norm(dim=-1), still.norm(dim=-1))  # a rotation
+
+
+def test_dispatcher_uses_the_reference_on_cpu(monkeypatch):
+    import kvedge.kernels.dequant_rope as mod
+
+    monkeypatch.setattr(mod, "dequant_rope_triton", lambda *a, **k: pytest.fail("triton on CPU"))
+    q = quantize(torch.randn(4, 64), 4, 32, False)
+    torch.testing.assert_close(dequant_rope(q, torch.arange(4), inv_freq(64)),
+                               dequant_rope_reference(q, torch.arange(4), inv_freq(64)))
