@@ -1,0 +1,1 @@
+"""kvedge.bench: benchmark datasets, the method x budget runner and its reports."""
