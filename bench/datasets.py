@@ -2,8 +2,8 @@
 
 An item is documents + questions with reference answers. For the reuse suite an item is one
 question over `length` documents (the one holding the answer and seeded distractors, in seeded
-order); for the eviction suite an item is one context of `length` documents asked several
-questions (compressed once, asked all).
+order); for the eviction suite an item is one context of `length` documents holding the
+answers to three questions (compressed once, asked all three).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-DEMO_KB = Path(__file__).resolve().parent.parent / "cloud" / "demo_kb"
+PER_CONTEXT = 3  # questions per KBQA context
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,21 @@ def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAIt
             items.append(QAItem(f"demo-kb/{seed}/{i}/{length}", [docs[n] for n in order],
                                 [(q["question"], q["answers"])]))
         return items
-    asked = questions[:n_items]
-    chosen = list(dict.fromkeys([q["doc"] for q in asked] +
-                                rng.sample(names, len(names))))[:max(length, len(asked))]
-    rng.shuffle(chosen)
-    return [QAItem(f"demo-kb/{seed}/kbqa/{length}/{n_items}", [docs[n] for n in chosen],
-                   [(q["question"], q["answers"]) for q in asked])]
+    # KBQA: each context holds the documents of PER_CONTEXT questions plus distractors, up to
+    # `length` documents, and is asked all its questions (n_items contexts)
+    items = []
+    for i in range(n_items):
+        asked = questions[i * PER_CONTEXT:(i + 1) * PER_CONTEXT]
+        if not asked:
+            break
+        gold = [q["doc"] for q in asked][:max(length, 1)]
+        asked = [q for q in asked if q["doc"] in gold]
+        others = rng.sample([n for n in names if n not in gold], max(length - len(gold), 0))
+        chosen = gold + others
+        rng.shuffle(chosen)
+        items.append(QAItem(f"demo-kb/{seed}/kbqa/{length}/{i}", [docs[n] for n in chosen],
+                            [(q["question"], q["answers"]) for q in asked]))
+    return items
 
 
 def load_items(task: str, suite: str, length: int, n_items: int, seed: int,

@@ -32,10 +32,12 @@ def test_demo_kb_items_hold_their_answers():
         assert len(item.documents) == 4
         (question, answers), = item.questions
         assert any(a in doc for doc in item.documents for a in answers)
-    kbqa, = demo_kb_items("evict", 10, 6, seed=2)
-    assert len(kbqa.documents) == 10 and len(kbqa.questions) == 6
-    text = "".join(kbqa.documents)
-    assert all(any(a in text for a in answers) for _, answers in kbqa.questions)
+    contexts = demo_kb_items("evict", 6, 4, seed=2)
+    assert len(contexts) == 4 and sum(len(c.questions) for c in contexts) == 12
+    for kbqa in contexts:
+        assert len(kbqa.documents) == 6 and len(kbqa.questions) == 3
+        text = "".join(kbqa.documents)
+        assert all(any(a in text for a in answers) for _, answers in kbqa.questions)
 
 
 def test_matching_is_case_and_space_insensitive():
