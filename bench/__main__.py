@@ -11,7 +11,7 @@ from kvedge.bench.runner import Preset, run_grid
 def preset(name: str, model: str | None) -> Preset:
     if name == "eviction":  # issue 6's grid: every method at 0.5/0.3/0.2/0.1 on the whole KB
         return Preset(model or "smollm2-135m-instruct", [], [], [], [], ["demo-kb"], [6],
-                      _methods(), [0.5, 0.3, 0.2, 0.1], items=4, max_new_tokens=24)
+                      _methods(), [0.5, 0.3, 0.2, 0.1], items=10, max_new_tokens=24)
     if name == "quick":  # minutes on a 2-core CPU: a smoke test of every path
         return Preset(model or "smollm2-135m-instruct", ["demo-kb"], [3],
                       ["recompute", "pie", "a3"], [0.15], ["demo-kb"], [4],
@@ -19,7 +19,7 @@ def preset(name: str, model: str | None) -> Preset:
     return Preset(model or "smollm2-135m-instruct", ["demo-kb"], [3, 6],
                   ["recompute", "full-reuse", "pie", "a3", "cacheblend", "epic"],
                   [0.05, 0.15, 0.3], ["demo-kb"], [6], _methods(), [0.5, 0.3, 0.2, 0.1],
-                  items=4, max_new_tokens=24)
+                  items=10, max_new_tokens=24)
 
 
 def _methods() -> list[str]:

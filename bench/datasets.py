@@ -27,7 +27,8 @@ def _demo_kb() -> tuple[dict[str, str], list[dict]]:
 
     folder = Path(demo.DEMO_KB)
     docs = {p.name: p.read_text() for p in sorted(folder.glob("*.md"))}
-    return docs, json.loads((folder / "questions.json").read_text())
+    # one question per document (the demo itself asks 12 of them)
+    return docs, json.loads((folder / "bench_questions.json").read_text())
 
 
 def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAItem]:

@@ -32,8 +32,8 @@ def test_demo_kb_items_hold_their_answers():
         assert len(item.documents) == 4
         (question, answers), = item.questions
         assert any(a in doc for doc in item.documents for a in answers)
-    contexts = demo_kb_items("evict", 6, 4, seed=2)
-    assert len(contexts) == 4 and sum(len(c.questions) for c in contexts) == 12
+    contexts = demo_kb_items("evict", 6, 10, seed=2)
+    assert len(contexts) == 10 and sum(len(c.questions) for c in contexts) == 30
     for kbqa in contexts:
         assert len(kbqa.documents) == 6 and len(kbqa.questions) == 3
         text = "".join(kbqa.documents)
