@@ -92,7 +92,7 @@ class KVContext:
         """A ragged copy keeping, per (layer, head), the given positions (a subset of kept)."""
         keys, values, kept = [], [], []
         for layer in range(self.n_layers):
-            rows = [torch.searchsorted(held, want.to(torch.long)) for held, want
+            rows = [torch.searchsorted(held, want.to(torch.long).contiguous()) for held, want
                     in zip(self.kept_positions[layer], keep[layer], strict=True)]
             for held, want, r in zip(self.kept_positions[layer], keep[layer], rows):
                 if r.numel() and (r.max() >= held.numel() or not torch.equal(held[r], want)):
