@@ -11,7 +11,7 @@ import grpc
 from kvedge.cloud.ingest import TEXT_SUFFIXES, BadInput
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import CHUNK, channel, metadata, raise_remote
+from kvedge.common.rpc import CHUNK, RpcClient, metadata, raise_remote
 
 DEADLINE = 60.0
 
@@ -54,20 +54,10 @@ class UploadResult:
     status: str
 
 
-class CloudClient:
+class CloudClient(RpcClient):
     def __init__(self, address: str, token: str | None):
-        self.address, self.token = address, token
-        self._channel = channel(address)
+        super().__init__(address, token)
         self.stub = pb_grpc.CloudStub(self._channel)
-
-    def close(self):
-        self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _call(self, method, request, timeout=DEADLINE):
         try:

@@ -98,6 +98,23 @@ def raise_remote(err: grpc.RpcError):
     raise RemoteError(f"{err.code().name}: {detail}") from None
 
 
+class RpcClient:
+    """A channel to one service and the token its calls carry; a context manager."""
+
+    def __init__(self, address: str, token: str | None):
+        self.address, self.token = address, token
+        self._channel = channel(address)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def metadata(token: str | None):
     return (("authorization", f"Bearer {token}"),) if token else ()
 

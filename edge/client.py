@@ -7,23 +7,13 @@ import grpc
 
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import channel, metadata, raise_remote
+from kvedge.common.rpc import RpcClient, metadata, raise_remote
 
 
-class EdgeClient:
+class EdgeClient(RpcClient):
     def __init__(self, address: str, token: str | None):
-        self._channel = channel(address)
+        super().__init__(address, token)
         self.stub = pb_grpc.EdgeStub(self._channel)
-        self.token = token
-
-    def close(self):
-        self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def ask(self, namespace: str, kb: str, question: str, *, strategy: str = "", top_k: int = 0,
             max_new_tokens: int = 0, ratio: float = 0.0,

@@ -5,13 +5,11 @@ positions 0..n-1 they were prefilled at, whatever their place in the prompt.
 """
 from __future__ import annotations
 
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from typing import ClassVar
+
+from kvedge.edge.strategies.pie import Pie
 
 
-class FullReuse(ReuseStrategy):
+class FullReuse(Pie):
     name = "full-reuse"
-
-    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
-        cache = assemble_cache(rt, composed, realign=False,
-                               reserve=len(composed.question_ids) + reserve)
-        return self.question_plan(composed, cache)
+    realign: ClassVar[bool] = False
