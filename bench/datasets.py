@@ -61,8 +61,27 @@ def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAIt
     return items
 
 
+def generated_items(task: str, suite: str, length: int, n_items: int, seed: int,
+                    tokenizer=None) -> list[QAItem]:
+    """Items of a generated task family (kvedge.bench.tasks), `length` tokens each, counted
+    with the model's tokenizer. Reuse keeps the item's documents apart (multi-doc QA);
+    eviction asks every question of one context."""
+    from kvedge.bench.prompts import question_prompt
+    from kvedge.bench.tasks import generate
+
+    count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
+    items = []
+    for i in range(n_items):
+        kw = {"count_tokens": count} if count else {}
+        item = generate(task, length, seed + i, **kw)
+        docs = [d.text for d in item.documents] if suite == "reuse" else [item.context]
+        items.append(QAItem(item.key, docs,
+                            [(question_prompt(q), list(q.answers)) for q in item.questions]))
+    return items
+
+
 def load_items(task: str, suite: str, length: int, n_items: int, seed: int,
                tokenizer=None) -> list[QAItem]:
     if task == "demo-kb":
         return demo_kb_items(suite, length, n_items, seed)
-    raise KeyError(f"unknown benchmark task {task!r}; known: ['demo-kb']")
+    return generated_items(task, suite, length, n_items, seed, tokenizer)

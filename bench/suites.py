@@ -17,10 +17,10 @@ CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 
 
 def matches(prediction: str, answers: list[str]) -> tuple[float, float]:
-    """(any reference found, fraction of references found): case-insensitive substring."""
-    p = " ".join(prediction.lower().split())
-    found = [" ".join(a.lower().split()) in p for a in answers]
-    return float(any(found)), sum(found) / max(len(found), 1)
+    """(any reference found, fraction found): RULER's string_match_part / string_match_all."""
+    from kvedge.bench.scoring import string_match_all, string_match_part
+
+    return string_match_part(prediction, answers), string_match_all(prediction, answers)
 
 
 @dataclass

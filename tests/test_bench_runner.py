@@ -44,3 +44,21 @@ def test_matching_is_case_and_space_insensitive():
     assert matches("The year was 1873.", ["1873"]) == (1.0, 1.0)
     assert matches("Tomas  BRANDEL founded it", ["tomas brandel", "x"]) == (1.0, 0.5)
     assert matches("", ["a"]) == (0.0, 0.0)
+
+
+def test_generated_tasks_feed_both_suites(tmp_path):
+    from kvedge.bench.datasets import generated_items
+    from kvedge.common.models import load_model
+
+    tok = load_model("tiny-llama").tokenizer
+    reuse = generated_items("multidoc_qa", "reuse", 600, 2, seed=0, tokenizer=tok)
+    assert len(reuse) == 2 and all(len(item.documents) >= 2 for item in reuse)
+    kbqa, = generated_items("niah_multiquery", "evict", 500, 1, seed=1, tokenizer=tok)
+    assert len(kbqa.documents) == 1
+    assert all(all(a in kbqa.documents[0] for a in answers) for _, answers in kbqa.questions)
+    p = preset("quick", "tiny-llama")
+    p.reuse_tasks, p.evict_tasks, p.items, p.max_new_tokens = ["multidoc_qa"], [], 1, 2
+    p.reuse_lengths, p.strategies = [600], ["recompute", "a3"]
+    rows = run_grid(p, tmp_path / "r.jsonl",
+                    Bench(p.model, max_new_tokens=2).run)
+    assert {r["method"] for r in rows} == {"recompute", "a3"}
