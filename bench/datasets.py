@@ -1,9 +1,13 @@
 """Question-answer items for the runner: the bundled demo KB, and the generated task families.
 
-An item is documents + questions with reference answers. For the reuse suite an item is one
-question over `length` documents (the one holding the answer and seeded distractors, in seeded
-order); for the eviction suite an item is one context of `length` documents holding the
-answers to three questions (compressed once, asked all three).
+An item is documents + questions (`kvedge.bench.tasks.Question`: text, reference answers, the
+task's own instruction and metric). Demo KB: for the reuse suite an item is one question over
+`length` documents (the one holding the answer and seeded distractors, in seeded order); for
+the eviction suite an item is one context of `length` documents holding the answers to three
+questions (compressed once, asked all three). Generated tasks: `length` is the context's size
+in the model's tokens; the reuse suite keeps multi-document items' documents apart (the runner
+cuts long ones into the cloud's ingest segments), the eviction suite asks every question of
+the one joined context.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvedge.bench.tasks import Question
+
 PER_CONTEXT = 3  # questions per KBQA context
 
 
@@ -19,7 +25,7 @@ PER_CONTEXT = 3  # questions per KBQA context
 class QAItem:
     key: str
     documents: list[str]
-    questions: list[tuple[str, list[str]]]
+    questions: list[Question]
 
 
 def _demo_kb() -> tuple[dict[str, str], list[dict]]:
@@ -29,6 +35,13 @@ def _demo_kb() -> tuple[dict[str, str], list[dict]]:
     docs = {p.name: p.read_text() for p in sorted(folder.glob("*.md"))}
     # one question per document (the demo itself asks 12 of them)
     return docs, json.loads((folder / "bench_questions.json").read_text())
+
+
+def _demo_question(q: dict) -> Question:
+    """A demo-KB question asked as the service asks it (its instruction), any alias scoring."""
+    from kvedge.edge.engine import INSTRUCTION
+
+    return Question(q["question"], q["answers"], "demo-kb", INSTRUCTION, metric="any")
 
 
 def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAItem]:
@@ -42,7 +55,7 @@ def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAIt
             order = others + [q["doc"]]
             rng.shuffle(order)
             items.append(QAItem(f"demo-kb/{seed}/{i}/{length}", [docs[n] for n in order],
-                                [(q["question"], q["answers"])]))
+                                [_demo_question(q)]))
         return items
     # KBQA: each context holds the documents of PER_CONTEXT questions plus distractors, up to
     # `length` documents, and is asked all its questions (n_items contexts)
@@ -57,7 +70,7 @@ def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAIt
         chosen = gold + others
         rng.shuffle(chosen)
         items.append(QAItem(f"demo-kb/{seed}/kbqa/{length}/{i}", [docs[n] for n in chosen],
-                            [(q["question"], q["answers"]) for q in asked]))
+                            [_demo_question(q) for q in asked]))
     return items
 
 
@@ -66,7 +79,6 @@ def generated_items(task: str, suite: str, length: int, n_items: int, seed: int,
     """Items of a generated task family (kvedge.bench.tasks), `length` tokens each, counted
     with the model's tokenizer. Reuse keeps the item's documents apart (multi-doc QA);
     eviction asks every question of one context."""
-    from kvedge.bench.prompts import question_prompt
     from kvedge.bench.tasks import generate
 
     count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
@@ -75,8 +87,7 @@ def generated_items(task: str, suite: str, length: int, n_items: int, seed: int,
         kw = {"count_tokens": count} if count else {}
         item = generate(task, length, seed + i, **kw)
         docs = [d.text for d in item.documents] if suite == "reuse" else [item.context]
-        items.append(QAItem(item.key, docs,
-                            [(question_prompt(q), list(q.answers)) for q in item.questions]))
+        items.append(QAItem(item.key, docs, list(item.questions)))
     return items
 
 

@@ -1,4 +1,10 @@
-"""Results (JSON lines) → markdown tables and PNG plots."""
+"""Results (JSON lines) → markdown tables and PNG plots.
+
+"acc" is each question's own metric (RULER's string_match_all where every reference must be
+returned, string_match_part where references are aliases), averaged over the cell's questions;
+"of ceiling" divides it by the same-run ceiling's (recompute for reuse, full KV for eviction).
+Cells that did not measure something (kvpress's per-token times and KV bytes) show "—".
+"""
 from __future__ import annotations
 
 import json
@@ -10,38 +16,87 @@ def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def _fmt(x, spec=".2f"):
-    return "—" if x is None else format(x, spec)
+def _fmt(x, spec=".2f", scale=1.0):
+    return "—" if x is None else format(x * scale, spec)
+
+
+def acc(r: dict) -> tuple[float | None, float | None]:
+    """(accuracy, of ceiling) by the questions' own metric; rows from before it was recorded
+    fall back to "any"."""
+    if r.get("score") is not None:
+        return r["score"], r.get("score_ratio")
+    return r.get("any"), r.get("any_ratio")
+
+
+def _compress_ratio(r: dict) -> float | None:
+    return r["compress_s"] / r["prefill_s"] if r.get("compress_s") and r.get("prefill_s") else None
+
+
+def reuse_table(rows: list[dict]) -> list[str]:
+    out = ["| task | length | strategy | ratio | acc | of ceiling | TTFT s | TTFT / recompute | "
+           "TPOT ms | KV MB | recomputed tok | q |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["task"], r["length"], r["method"], r["budget"])):
+        a, ratio = acc(r)
+        out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
+                   f"{_fmt(a)} | {_fmt(ratio)} | {_fmt(r.get('first_token_s'), '.3f')} | "
+                   f"{_fmt(r.get('first_token_s_ratio'))} | {_fmt(r.get('tpot_s'), '.0f', 1e3)} | "
+                   f"{_fmt(r.get('kv_bytes'), '.2f', 1e-6)} | {_fmt(r.get('recomputed'), '.0f')} | "
+                   f"{r['questions']} |")
+    return out
+
+
+def evict_table(rows: list[dict]) -> list[str]:
+    out = ["| task | length | method | budget | acc | of full KV | KV MB | KV / full | "
+           "shipped MB | compress s | compress / prefill | q |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["task"], r["length"], r["method"], -r["budget"])):
+        a, ratio = acc(r)
+        out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
+                   f"{_fmt(a)} | {_fmt(ratio)} | {_fmt(r.get('kv_bytes'), '.2f', 1e-6)} | "
+                   f"{_fmt(r.get('kv_bytes_ratio'))} | {_fmt(r.get('shipped_bytes'), '.2f', 1e-6)} | "
+                   f"{_fmt(r.get('compress_s'))} | {_fmt(_compress_ratio(r), '.1f')} | "
+                   f"{r['questions']} |")
+    return out
+
+
+def summary(rows: list[dict]) -> dict[tuple[str, float], tuple[float, int, int]]:
+    """(method, budget) → (accuracy pooled over every question of every task, questions,
+    tasks), and the same for the ceiling under ("ceiling", 1.0) when all tasks share one."""
+    pooled = defaultdict(lambda: [0.0, 0, set()])
+    for r in rows:
+        a, _ = acc(r)
+        if a is None:
+            continue
+        cell = pooled[(r["method"], r["budget"])]
+        cell[0] += a * r["questions"]
+        cell[1] += r["questions"]
+        cell[2].add((r["task"], r["length"]))
+    return {k: (s / n, n, len(tasks)) for k, (s, n, tasks) in pooled.items() if n}
+
+
+def summary_table(rows: list[dict], what: str, ceiling: str) -> list[str]:
+    pooled = summary(rows)
+    base = pooled.get((ceiling, 1.0))
+    out = [f"| {what} | budget | acc (pooled) | of {ceiling} | questions | task × length |",
+           "|---|---|---|---|---|---|"]
+    for (method, budget), (a, n, t) in sorted(pooled.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        ratio = a / base[0] if base and base[0] else None
+        out.append(f"| {method} | {budget:g} | {a:.2f} | {_fmt(ratio)} | {n} | {t} |")
+    return out
 
 
 def tables(rows: list[dict]) -> str:
     out = []
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
-        out += ["## Reuse strategies (RAG path)", "",
-                "| task | docs | strategy | ratio | acc (any) | of ceiling | TTFT s | TTFT / "
-                "recompute | TPOT ms | KV MB | recomputed tok | q |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(reuse, key=lambda r: (r["task"], r["length"], r["method"], r["budget"])):
-            out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
-                       f"{r['any']:.2f} | {_fmt(r['any_ratio'])} | {r['first_token_s']:.3f} | "
-                       f"{_fmt(r['first_token_s_ratio'])} | {r['tpot_s'] * 1e3:.0f} | "
-                       f"{r['kv_bytes'] / 1e6:.2f} | {r['recomputed']:.0f} | {r['questions']} |")
-        out.append("")
+        out += ["## Reuse strategies (RAG path)", "", "Pooled over tasks:", "",
+                *summary_table(reuse, "strategy", "recompute"), "", "Per cell:", "",
+                *reuse_table(reuse), ""]
     evict = [r for r in rows if r["suite"] == "evict"]
     if evict:
         out += ["## Eviction methods (KBQA path: compressed once, asked every question)", "",
-                "| task | docs | method | budget | acc (any) | of full KV | KV MB | KV / full | "
-                "shipped MB | compress s | compress / prefill | q |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(evict, key=lambda r: (r["task"], r["length"], r["method"], -r["budget"])):
-            out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
-                       f"{r['any']:.2f} | {_fmt(r['any_ratio'])} | {r['kv_bytes'] / 1e6:.2f} | "
-                       f"{_fmt(r['kv_bytes_ratio'])} | {r['shipped_bytes'] / 1e6:.2f} | "
-                       f"{r['compress_s']:.2f} | "
-                       f"{_fmt(r['compress_s'] / r['prefill_s'] if r.get('prefill_s') else None, '.1f')}"
-                       f" | {r['questions']} |")
-        out.append("")
+                "Pooled over tasks:", "", *summary_table(evict, "method", "full"), "",
+                "Per cell:", "", *evict_table(evict), ""]
     return "\n".join(out)
 
 
@@ -54,28 +109,40 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
     written = []
     evict = [r for r in rows if r["suite"] == "evict" and r["method"] != "full"]
     if evict:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        by_method = defaultdict(list)
-        for r in evict:
-            by_method[r["method"]].append((r["budget"], r["any_ratio"] or 0.0))
-        for method, points in sorted(by_method.items()):
-            points.sort()
-            ax.plot(*zip(*points), marker="o", label=method)
-        ax.set(xlabel="KV budget (fraction kept)", ylabel="accuracy / full KV",
-               title="Accuracy vs budget")
-        ax.legend()
+        groups = sorted({(r["task"], r["length"]) for r in evict})
+        cols = min(3, len(groups))
+        rows_n = -(-len(groups) // cols)
+        fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
+        for ax, (task, length) in zip(axes.flat, groups):
+            by_method = defaultdict(list)
+            for r in evict:
+                if (r["task"], r["length"]) == (task, length):
+                    by_method[r["method"]].append((r["budget"], acc(r)[1] or 0.0))
+            for method, points in sorted(by_method.items()):
+                ax.plot(*zip(*sorted(points)), marker="o", label=method,
+                        linestyle="--" if method.startswith("kvpress-") else "-")
+            ax.set(title=f"{task} @ {length}", xlabel="KV budget (fraction kept)",
+                   ylabel="accuracy / full KV")
+        for ax in axes.flat[len(groups):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=7)
+        fig.tight_layout()
         written.append(folder / "accuracy_vs_budget.png")
-        fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+        fig.savefig(written[-1], dpi=110)
         plt.close(fig)
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
         fig, ax = plt.subplots(figsize=(6, 4))
+        points = defaultdict(list)
         for r in reuse:
-            ax.scatter(r["first_token_s_ratio"] or 0, r["any_ratio"] or 0)
-            ax.annotate(f"{r['method']}@{r['budget']:g}",
-                        (r["first_token_s_ratio"] or 0, r["any_ratio"] or 0), fontsize=7)
-        ax.set(xlabel="TTFT / recompute", ylabel="accuracy / recompute",
-               title="Accuracy vs TTFT ratio")
+            points[(r["method"], r["budget"])].append((r.get("first_token_s_ratio") or 0.0,
+                                                       acc(r)[1] or 0.0))
+        for (method, budget), pts in sorted(points.items()):
+            x, y = (sum(v) / len(v) for v in zip(*pts))
+            ax.scatter(x, y)
+            ax.annotate(f"{method}@{budget:g}", (x, y), fontsize=7)
+        ax.set(xlabel="TTFT / recompute (mean over tasks)",
+               ylabel="accuracy / recompute (mean over tasks)", title="Accuracy vs TTFT ratio")
         written.append(folder / "accuracy_vs_ttft.png")
         fig.savefig(written[-1], dpi=120, bbox_inches="tight")
         plt.close(fig)

@@ -8,6 +8,7 @@ Two suites run the services' own code in-process (no method is re-implemented he
 - `evict` (KBQA path): the whole context is prefilled once, compressed once with an eviction
   method at `budget` (query-agnostic), and every question is asked against that one
   compressed cache (realigned after the chat prefix), the answers' KV discarded in between.
+  `kvpress-*` methods are kvpress's presses on the same token ids (external references).
 Every cell also records its ceiling measured in the same run (recompute / full KV on the same
 items) so ratios never mix runs.
 """
@@ -18,6 +19,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+
+
+UNBUDGETED = ("full", "kvpress-full")  # ceilings: one cell each, budget 1
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Preset:
         for task in self.evict_tasks:
             for length in self.evict_lengths:
                 for method in self.methods:
-                    budgets = [1.0] if method == "full" else self.budgets
+                    budgets = [1.0] if method in UNBUDGETED else self.budgets
                     cells += [Cell("evict", task, length, method, b, self.items) for b in budgets]
         return cells
 

