@@ -4,6 +4,9 @@
 returned, string_match_part where references are aliases), averaged over the cell's questions;
 "of ceiling" divides it by the same-run ceiling's (recompute for reuse, full KV for eviction).
 Cells that did not measure something (kvpress's per-token times and KV bytes) show "—".
+kvpress's presses are divided by kvpress's own full cache on the same items (`kvpress-full`,
+fp32 KV through transformers) when the results hold it, ours by our full KV (the packs' codec):
+each pipeline against its own ceiling.
 """
 from __future__ import annotations
 
@@ -59,28 +62,47 @@ def evict_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def summary(rows: list[dict]) -> dict[tuple[str, float], tuple[float, int, int]]:
-    """(method, budget) → (accuracy pooled over every question of every task, questions,
-    tasks), and the same for the ceiling under ("ceiling", 1.0) when all tasks share one."""
-    pooled = defaultdict(lambda: [0.0, 0, set()])
+def rebase_kvpress(rows: list[dict]) -> list[dict]:
+    """kvpress-* rows measured against kvpress-full on the same items, where present."""
+    own = {(r["task"], r["length"], r["items"], r["seed"]): r for r in rows
+           if r["method"] == "kvpress-full"}
+    out = []
     for r in rows:
-        a, _ = acc(r)
+        base = own.get((r["task"], r["length"], r["items"], r["seed"]))
+        if r["method"].startswith("kvpress-") and base and base.get("score") is not None:
+            b = base["score"]
+            r = {**r, "ceiling_score": b, "score_ratio": r["score"] / b if b else None}
+        out.append(r)
+    return out
+
+
+def _ceiling_acc(r: dict) -> float | None:
+    return r.get("ceiling_score") if r.get("score") is not None else r.get("ceiling_any")
+
+
+def summary(rows: list[dict]) -> dict[tuple[str, float], tuple[float, float | None, int, int]]:
+    """(method, budget) → (accuracy pooled over every question of its cells, the same pooled
+    over their same-run ceilings' — so a method run on fewer tasks is compared on those —,
+    questions, task × length pairs)."""
+    pooled = defaultdict(lambda: [0.0, 0.0, 0, set()])
+    for r in rows:
+        a, base = acc(r)[0], _ceiling_acc(r)
         if a is None:
             continue
         cell = pooled[(r["method"], r["budget"])]
         cell[0] += a * r["questions"]
-        cell[1] += r["questions"]
-        cell[2].add((r["task"], r["length"]))
-    return {k: (s / n, n, len(tasks)) for k, (s, n, tasks) in pooled.items() if n}
+        cell[1] += (base or 0.0) * r["questions"]
+        cell[2] += r["questions"]
+        cell[3].add((r["task"], r["length"]))
+    return {k: (s / n, s / b if b else None, n, len(tasks))
+            for k, (s, b, n, tasks) in pooled.items() if n}
 
 
 def summary_table(rows: list[dict], what: str, ceiling: str) -> list[str]:
-    pooled = summary(rows)
-    base = pooled.get((ceiling, 1.0))
     out = [f"| {what} | budget | acc (pooled) | of {ceiling} | questions | task × length |",
            "|---|---|---|---|---|---|"]
-    for (method, budget), (a, n, t) in sorted(pooled.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
-        ratio = a / base[0] if base and base[0] else None
+    for (method, budget), (a, ratio, n, t) in sorted(summary(rows).items(),
+                                                     key=lambda kv: (kv[0][0], -kv[0][1])):
         out.append(f"| {method} | {budget:g} | {a:.2f} | {_fmt(ratio)} | {n} | {t} |")
     return out
 
@@ -151,7 +173,7 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
 
 def write_report(results: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    rows = load(results)
+    rows = rebase_kvpress(load(results))
     images = plots(rows, folder)
     md = folder / "report.md"
     md.write_text("# kvedge benchmark report\n\n" + f"results: `{results}` ({len(rows)} cells, "

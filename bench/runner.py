@@ -55,9 +55,11 @@ class Preset:
     max_new_tokens: int = 24
     codec: str = "fp16"
     extra: dict = field(default_factory=dict)
+    also: list[Preset] = field(default_factory=list)  # grids whose lengths differ (demo-KB
+    #                                                   documents vs generated tokens)
 
     def cells(self) -> list[Cell]:
-        cells = []
+        cells = [c for p in self.also for c in p.cells()]
         for task in self.reuse_tasks:
             for length in self.reuse_lengths:
                 for method in self.strategies:
@@ -68,7 +70,7 @@ class Preset:
                 for method in self.methods:
                     budgets = [1.0] if method in UNBUDGETED else self.budgets
                     cells += [Cell("evict", task, length, method, b, self.items) for b in budgets]
-        return cells
+        return list(dict.fromkeys(cells))
 
 
 def done_keys(path: Path) -> set[str]:

@@ -89,6 +89,11 @@ def test_cells_and_overrides():
         ("evict", "niah_single_noise", 512, "full", 1.0, 2),
         ("evict", "niah_single_noise", 512, "kvzip", 0.3, 2),
         ("evict", "niah_single_noise", 512, "kvpress-kvzip", 0.3, 2)}
+    # `full` joins grids whose lengths mean different things: documents vs tokens
+    full = preset("full", "tiny-llama").cells()
+    assert {c.length for c in full if c.task == "demo-kb"} <= {3, 6}
+    assert {c.length for c in full if c.task != "demo-kb"} == {1024, 2048}
+    assert len(full) == len(set(full))
     for bad in ({"tasks": ["niah_single"]}, {"methods": ["kvpress-h2o"]},
                 {"strategies": ["samkv"]}):
         with pytest.raises(click.BadParameter, match="unknown"):
@@ -140,5 +145,5 @@ def test_report_shows_unmeasured_values_as_dashes(tmp_path):
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(results, tmp_path).read_text()
     assert "| t | 100 | kvpress-kvzip | 0.2 | 0.50 | 1.00 | — | — | — | 3.00 | 3.0 | 2 |" in report
-    assert "| kvpress-kvzip | 0.2 | 0.50 | 1.00 | 2 | 1 |" in report
+    assert "| kvpress-kvzip | 0.2 | 0.50 | — | 2 | 1 |" in report  # no ceiling recorded
     assert (tmp_path / "accuracy_vs_budget.png").stat().st_size > 1000
