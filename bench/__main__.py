@@ -16,11 +16,11 @@ from pathlib import Path
 
 import click
 
-from kvedge.bench.runner import Preset, run_grid
+from kvedge.bench.runner import KVPRESS, Preset, run_grid
 
 SMOLLM2 = "smollm2-135m-instruct"
 STRATEGIES = ["recompute", "full-reuse", "pie", "a3", "cacheblend", "epic"]
-KVPRESS_METHODS = ["kvpress-full", "kvpress-kvzip", "kvpress-snapkv"]
+KVPRESS_METHODS = [f"{KVPRESS}{p}" for p in ("full", "kvzip", "snapkv")]
 # families SmolLM2-135M answers well enough with full KV to rank methods on (docs/bench.md);
 # the others (cwe, fwe, kb_multiquery, niah_multiquery) sit near zero on it
 EVICT_TASKS = ["niah_single_prose", "niah_multikey_prose", "niah_multivalue",
@@ -104,7 +104,6 @@ def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=
 
 def _check_names(tasks, methods, strategies) -> None:
     from kvedge.bench.kvpress_ref import PRESSES
-    from kvedge.bench.suites import KVPRESS
     from kvedge.bench.tasks import TASKS
     from kvedge.cloud.eviction import METHODS
     from kvedge.edge.strategies import STRATEGIES as REGISTRY

@@ -37,11 +37,15 @@ class KVPressItem:
     questions: list[tuple[list[int], int]]     # (question ids, max new tokens)
 
 
-def make_press(name: str, budget: float):
-    """kvpress's press keeping `budget` of the KV (its compression_ratio is the share evicted)."""
+def _known(name: str) -> str:
     if name not in PRESSES:
         raise KVPressError(f"unknown kvpress method {name!r}; choose one of {sorted(PRESSES)}")
-    if PRESSES[name] is None:
+    return name
+
+
+def make_press(name: str, budget: float):
+    """kvpress's press keeping `budget` of the KV (its compression_ratio is the share evicted)."""
+    if PRESSES[_known(name)] is None:
         return None
     if not 0 < budget <= 1:
         raise KVPressError(f"budget must be in (0, 1], got {budget}")
@@ -53,9 +57,7 @@ def make_press(name: str, budget: float):
 def run_kvpress(model: str, press: str, budget: float, items: list[KVPressItem],
                 timeout_s: float = 3600) -> list[dict]:
     """[{answers, compress_s, prefill_s}] per item, from a child process."""
-    if press not in PRESSES:
-        raise KVPressError(f"unknown kvpress method {press!r}; choose one of {sorted(PRESSES)}")
-    job = {"model": model, "press": press, "budget": budget, "items": [asdict(i) for i in items]}
+    job = {"model": model, "press": _known(press), "budget": budget, "items": [asdict(i) for i in items]}
     proc = subprocess.run([sys.executable, "-m", "kvedge.bench.kvpress_ref"],
                           input=json.dumps(job), capture_output=True, text=True,
                           timeout=timeout_s)

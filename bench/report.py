@@ -14,6 +14,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from kvedge.bench.runner import KVPRESS
+
 
 def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
@@ -35,41 +37,46 @@ def _compress_ratio(r: dict) -> float | None:
     return r["compress_s"] / r["prefill_s"] if r.get("compress_s") and r.get("prefill_s") else None
 
 
-def reuse_table(rows: list[dict]) -> list[str]:
-    out = ["| task | length | strategy | ratio | acc | of ceiling | TTFT s | TTFT / recompute | "
-           "TPOT ms | KV MB | recomputed tok | q |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["task"], r["length"], r["method"], r["budget"])):
-        a, ratio = acc(r)
-        out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
-                   f"{_fmt(a)} | {_fmt(ratio)} | {_fmt(r.get('first_token_s'), '.3f')} | "
-                   f"{_fmt(r.get('first_token_s_ratio'))} | {_fmt(r.get('tpot_s'), '.0f', 1e3)} | "
-                   f"{_fmt(r.get('kv_bytes'), '.2f', 1e-6)} | {_fmt(r.get('recomputed'), '.0f')} | "
-                   f"{r['questions']} |")
+def _table(names: tuple[str, str], columns: list[str], rows: list[dict], budget_order: int,
+           rest) -> list[str]:
+    """Rows sorted by task, length, method and budget (ascending if budget_order is 1,
+    descending if -1): the columns every table shares (the method and budget columns named
+    `names`), then `rest(r)`'s cells, then q."""
+    head = ["task", "length", *names, "acc", *columns, "q"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["task"], r["length"], r["method"],
+                                         budget_order * r["budget"])):
+        cells = [r["task"], r["length"], r["method"], f"{r['budget']:g}", *map(_fmt, acc(r)),
+                 *rest(r), r["questions"]]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
     return out
+
+
+def reuse_table(rows: list[dict]) -> list[str]:
+    columns = ["of ceiling", "TTFT s", "TTFT / recompute", "TPOT ms", "KV MB", "recomputed tok"]
+    return _table(("strategy", "ratio"), columns, rows, 1, lambda r: [
+        _fmt(r.get("first_token_s"), ".3f"), _fmt(r.get("first_token_s_ratio")),
+        _fmt(r.get("tpot_s"), ".0f", 1e3), _fmt(r.get("kv_bytes"), ".2f", 1e-6),
+        _fmt(r.get("recomputed"), ".0f")])
 
 
 def evict_table(rows: list[dict]) -> list[str]:
-    out = ["| task | length | method | budget | acc | of full KV | KV MB | KV / full | "
-           "shipped MB | compress s | compress / prefill | q |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["task"], r["length"], r["method"], -r["budget"])):
-        a, ratio = acc(r)
-        out.append(f"| {r['task']} | {r['length']} | {r['method']} | {r['budget']:g} | "
-                   f"{_fmt(a)} | {_fmt(ratio)} | {_fmt(r.get('kv_bytes'), '.2f', 1e-6)} | "
-                   f"{_fmt(r.get('kv_bytes_ratio'))} | {_fmt(r.get('shipped_bytes'), '.2f', 1e-6)} | "
-                   f"{_fmt(r.get('compress_s'))} | {_fmt(_compress_ratio(r), '.1f')} | "
-                   f"{r['questions']} |")
-    return out
+    columns = ["of full KV", "KV MB", "KV / full", "shipped MB", "compress s",
+               "compress / prefill"]
+    return _table(("method", "budget"), columns, rows, -1, lambda r: [
+        _fmt(r.get("kv_bytes"), ".2f", 1e-6), _fmt(r.get("kv_bytes_ratio")),
+        _fmt(r.get("shipped_bytes"), ".2f", 1e-6), _fmt(r.get("compress_s")),
+        _fmt(_compress_ratio(r), ".1f")])
 
 
 def rebase_kvpress(rows: list[dict]) -> list[dict]:
     """kvpress-* rows measured against kvpress-full on the same items, where present."""
     own = {(r["task"], r["length"], r["items"], r["seed"]): r for r in rows
-           if r["method"] == "kvpress-full"}
+           if r["method"] == f"{KVPRESS}full"}
     out = []
     for r in rows:
         base = own.get((r["task"], r["length"], r["items"], r["seed"]))
-        if r["method"].startswith("kvpress-") and base and base.get("score") is not None:
+        if r["method"].startswith(KVPRESS) and base and base.get("score") is not None:
             b = base["score"]
             r = {**r, "ceiling_score": b, "score_ratio": r["score"] / b if b else None}
         out.append(r)
@@ -142,7 +149,7 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
                     by_method[r["method"]].append((r["budget"], acc(r)[1] or 0.0))
             for method, points in sorted(by_method.items()):
                 ax.plot(*zip(*sorted(points)), marker="o", label=method,
-                        linestyle="--" if method.startswith("kvpress-") else "-")
+                        linestyle="--" if method.startswith(KVPRESS) else "-")
             ax.set(title=f"{task} @ {length}", xlabel="KV budget (fraction kept)",
                    ylabel="accuracy / full KV")
         for ax in axes.flat[len(groups):]:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-UNBUDGETED = ("full", "kvpress-full")  # ceilings: one cell each, budget 1
+KVPRESS = "kvpress-"  # prefix of kvpress's presses (evict suite; kvedge.bench.kvpress_ref)
+UNBUDGETED = ("full", f"{KVPRESS}full")  # ceilings: one cell each, budget 1
 
 
 @dataclass(frozen=True)

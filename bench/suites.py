@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass
 
 from kvedge.bench.datasets import QAItem, load_items
-from kvedge.bench.runner import Cell
+from kvedge.bench.runner import KVPRESS, Cell
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
-KVPRESS = "kvpress-"   # method prefix of kvpress's presses (evict suite)
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
            "recomputed", "compress_s", "prefill_s", "new_tokens")

@@ -147,3 +147,25 @@ def test_report_shows_unmeasured_values_as_dashes(tmp_path):
     assert "| t | 100 | kvpress-kvzip | 0.2 | 0.50 | 1.00 | — | — | — | 3.00 | 3.0 | 2 |" in report
     assert "| kvpress-kvzip | 0.2 | 0.50 | — | 2 | 1 |" in report  # no ceiling recorded
     assert (tmp_path / "accuracy_vs_budget.png").stat().st_size > 1000
+
+
+def test_kvpress_rows_are_divided_by_kvpress_full_on_the_same_items():
+    from kvedge.bench.report import rebase_kvpress, summary
+
+    base = {"suite": "evict", "task": "t", "length": 100, "items": 2, "seed": 0, "questions": 2}
+    rows = [{**base, "method": "full", "budget": 1.0, "score": 1.0, "ceiling_score": 1.0,
+             "score_ratio": 1.0},
+            {**base, "method": "kvpress-full", "budget": 1.0, "score": 0.5,
+             "ceiling_score": 1.0, "score_ratio": 0.5},
+            {**base, "method": "kvpress-kvzip", "budget": 0.2, "score": 0.25,
+             "ceiling_score": 1.0, "score_ratio": 0.25},
+            {**base, "method": "kvzip", "budget": 0.2, "score": 0.5, "ceiling_score": 1.0,
+             "score_ratio": 0.5},
+            {**base, "items": 3, "method": "kvpress-snapkv", "budget": 0.2, "score": 0.5,
+             "ceiling_score": 1.0, "score_ratio": 0.5}]  # no kvpress-full on these items
+    ratios = {r["method"]: r["score_ratio"] for r in rebase_kvpress(rows)}
+    assert ratios == {"full": 1.0, "kvpress-full": 1.0, "kvpress-kvzip": 0.5, "kvzip": 0.5,
+                      "kvpress-snapkv": 0.5}
+    pooled = summary(rebase_kvpress(rows))
+    assert pooled[("kvpress-kvzip", 0.2)][:2] == (0.25, 0.5)
+    assert pooled[("kvzip", 0.2)][:2] == (0.5, 0.5)
