@@ -3,14 +3,15 @@
 Two suites run the services' own code in-process (no method is re-implemented here):
 - `reuse` (RAG path): each document is prefilled alone and packed exactly as the cloud's
   prefill actor does (`PrefillEngine.encode`), read back as the edge does, composed by the edge
-  engine, answered with a reuse strategy (recompute | full-reuse | pie | a3 | cacheblend |
-  epic). `budget` is the recompute ratio of the selective strategies.
+  engine, answered with a registered reuse strategy. `budget` is the recompute ratio of the
+  strategies that have a `ratio` option.
 - `evict` (KBQA path): the whole context is prefilled once, compressed once with an eviction
   method at `budget` (query-agnostic), and every question is asked against that one
   compressed cache (realigned after the chat prefix), the answers' KV discarded in between.
   `kvpress-*` methods are kvpress's presses on the same token ids (external references).
 Every cell also records its ceiling measured in the same run (recompute / full KV on the same
-items) so ratios never mix runs.
+items) so ratios never mix runs. A cell's key names everything that changes its numbers, the
+packs' codec included, so a rerun skips exactly the cells already measured.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 KVPRESS = "kvpress-"  # prefix of kvpress's presses (evict suite; kvedge.bench.kvpress_ref)
 UNBUDGETED = ("full", f"{KVPRESS}full")  # ceilings: one cell each, budget 1
+LEGACY_CODEC = "fp16"  # the packs' codec of rows written before the key held it
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,12 @@ class Cell:
     budget: float   # recompute ratio (reuse) or fraction of KV kept (evict)
     items: int
     seed: int = 0
+    codec: str = DEFAULT_CODEC  # the documents' packs, as shipped to the edge
 
     @property
     def key(self) -> str:
         return (f"{self.suite}/{self.task}/{self.length}/{self.method}/{self.budget:g}/"
-                f"{self.items}/{self.seed}")
+                f"{self.items}/{self.seed}/{self.codec}")
 
 
 @dataclass
@@ -54,38 +58,56 @@ class Preset:
     budgets: list[float]
     items: int
     max_new_tokens: int = 24
-    codec: str = "fp16"
-    extra: dict = field(default_factory=dict)
     also: list[Preset] = field(default_factory=list)  # grids whose lengths differ (demo-KB
     #                                                   documents vs generated tokens)
 
-    def cells(self) -> list[Cell]:
-        cells = [c for p in self.also for c in p.cells()]
+    def cells(self, codec: str = DEFAULT_CODEC) -> list[Cell]:
+        cells = [c for p in self.also for c in p.cells(codec)]
+        ratioed = strategies_with_ratio() if self.reuse_tasks else set()
         for task in self.reuse_tasks:
             for length in self.reuse_lengths:
                 for method in self.strategies:
-                    ratios = self.ratios if method in ("a3", "cacheblend") else [1.0]
-                    cells += [Cell("reuse", task, length, method, r, self.items) for r in ratios]
+                    ratios = self.ratios if method in ratioed else [1.0]
+                    cells += [Cell("reuse", task, length, method, r, self.items, codec=codec)
+                              for r in ratios]
         for task in self.evict_tasks:
             for length in self.evict_lengths:
                 for method in self.methods:
                     budgets = [1.0] if method in UNBUDGETED else self.budgets
-                    cells += [Cell("evict", task, length, method, b, self.items) for b in budgets]
+                    cells += [Cell("evict", task, length, method, b, self.items, codec=codec)
+                              for b in budgets]
         return list(dict.fromkeys(cells))
+
+
+def strategies_with_ratio() -> set[str]:
+    """Reuse strategies whose `ratio` option the grid's ratios sweep (A3, CacheBlend, ...)."""
+    from kvedge.common.registry import options_of
+    from kvedge.edge.strategies import STRATEGIES
+
+    return {name for name, cls in STRATEGIES.items()
+            if any(f.name == "ratio" for f in options_of(cls))}
+
+
+def row_key(row: dict) -> str:
+    """A results row's cell key; rows from before the codec joined the key get theirs."""
+    return row["key"] if "codec" in row else f"{row['key']}/{LEGACY_CODEC}"
 
 
 def done_keys(path: Path) -> set[str]:
     if not path.exists():
         return set()
-    return {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
+    return {row_key(json.loads(line)) for line in path.read_text().splitlines()
+            if line.strip()}
 
 
 def run_grid(preset: Preset, out: Path, run_cell: Callable[[Cell], dict],
-             progress: Callable[[Iterator], Iterator] = iter) -> list[dict]:
-    """Run every cell not yet in `out` (JSON lines); returns the new rows."""
+             progress: Callable[[Iterator], Iterator] = iter,
+             codec: str = DEFAULT_CODEC) -> list[dict]:
+    """Run every cell not yet in `out` (JSON lines), its packs in `codec`; returns the new
+    rows."""
     out.parent.mkdir(parents=True, exist_ok=True)
     finished = done_keys(out)
-    todo = [c for c in preset.cells() if c.key not in finished]
+    todo = [c for c in preset.cells(codec) if c.key not in finished]
     rows = []
     for cell in progress(todo):
         start = time.perf_counter()

@@ -2,11 +2,12 @@
 
 Packs are made by the cloud's `PrefillEngine` (`segment` + `encode`, as ingest does) and read
 back with the edge's `read_pack`; prompts are composed and answered by the edge's
-`EdgeEngine`; eviction is the cloud's method registry, the one batch jobs run. Ceilings
-(recompute / full KV) are measured in the same process on the same items and cached per item,
-so every ratio is side by side. `kvpress-*` methods are NVIDIA kvpress's presses on the same
-model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external reference
-points, never our code.
+`EdgeEngine`; eviction is the cloud's method registry, the one batch jobs run (its `scores`
+once per context, its `keep` per budget). Packs are encoded with the cell's codec. Ceilings
+(recompute / full KV) are measured in the same process on the same items and cached per item
+and codec, so every ratio is side by side. `kvpress-*` methods are NVIDIA kvpress's presses on
+the same model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external
+reference points, never our code.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.runner import KVPRESS, Cell
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
@@ -28,7 +30,6 @@ RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped
 @dataclass
 class Bench:
     model: str
-    codec: str = "fp16"
     max_new_tokens: int = 24            # the floor; questions with long references get more
     segment_tokens: int = SEGMENT_TOKENS
 
@@ -38,23 +39,25 @@ class Bench:
 
         self.prefill = PrefillEngine(self.model)
         self.engine = EdgeEngine(self.prefill.loaded)
-        self._packs: dict[tuple[str, bool], list[tuple[object, int]]] = {}
+        self._packs: dict[tuple[str, bool, str], list[tuple[object, int]]] = {}
         self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
         self._prefill_s: dict[str, float] = {}
 
     # ------------------------------------------------------------------ packs
 
-    def packs(self, text: str, whole: bool, namespace: str = "bench") -> list[tuple[object, int]]:
-        """[(KVContext as the edge reads it, pack bytes)] for one document, made once: one
-        pack for the whole text (KBQA), or the ingest segments of ≤ `segment_tokens`."""
+    def packs(self, text: str, whole: bool, codec: str = DEFAULT_CODEC,
+              namespace: str = "bench") -> list[tuple[object, int]]:
+        """[(KVContext as the edge reads it, pack bytes)] for one document, made once per
+        codec: one pack for the whole text (KBQA), or the ingest segments of ≤
+        `segment_tokens`."""
         from kvedge.common.pack.format import read_pack
 
-        key = (text, whole)
+        key = (text, whole, codec)
         if key not in self._packs:
             out = []
             for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole):
-                enc = self.prefill.encode(seg, namespace, self.codec)
+                enc = self.prefill.encode(seg, namespace, codec)
                 out.append((read_pack(enc.data, self.prefill.loaded.fingerprint), len(enc.data)))
             self._packs[key] = out
         return self._packs[key]
@@ -72,19 +75,19 @@ class Bench:
         items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
                            self.prefill.loaded.tokenizer)
         run = self._reuse if cell.suite == "reuse" else self._evict
-        ceilings = [o for item in items for o in self._ceiling(item, cell.suite, run)]
+        ceilings = [o for item in items for o in self._ceiling(item, cell, run)]
         if (cell.method, cell.budget) == CEILING[cell.suite]:  # the ceiling is its own cell
             return summarize(ceilings, ceilings)
         if cell.method.startswith(KVPRESS):
-            return summarize(self._kvpress(items, cell.method[len(KVPRESS):], cell.budget),
-                             ceilings)
-        outcomes = [o for item in items for o in run(item, cell.method, cell.budget)]
+            press = cell.method[len(KVPRESS):]
+            return summarize(self._kvpress(items, press, cell.budget, cell.codec), ceilings)
+        outcomes = [o for item in items for o in run(item, cell.method, cell.budget, cell.codec)]
         return summarize(outcomes, ceilings)
 
-    def _ceiling(self, item: QAItem, suite: str, run) -> list[dict]:
-        key = (suite, item.key)
+    def _ceiling(self, item: QAItem, cell: Cell, run) -> list[dict]:
+        key = (cell.suite, item.key, cell.codec)
         if key not in self._ceilings:
-            self._ceilings[key] = run(item, *CEILING[suite])
+            self._ceilings[key] = run(item, *CEILING[cell.suite], cell.codec)
         return self._ceilings[key]
 
     def _ask(self, segments: list, strategy, question: Question) -> dict:
@@ -93,67 +96,69 @@ class Bench:
         *_, stats = self.engine.answer(composed, strategy, budget)
         return {**stats, **scores(stats["answer"], question), "new_tokens": budget}
 
-    def _reuse(self, item: QAItem, method: str, budget: float) -> list[dict]:
+    def _reuse(self, item: QAItem, method: str, budget: float, codec: str) -> list[dict]:
         from kvedge.edge.strategies import get_strategy
 
-        strategy = get_strategy(method, budget if budget < 1 else None)
-        packs = [p for doc in item.documents for p in self.packs(doc, whole=False)]
+        strategy = get_strategy(method, {"ratio": budget} if budget < 1 else None)
+        packs = [p for doc in item.documents for p in self.packs(doc, False, codec)]
         shipped = sum(size for _, size in packs)
         return [{**self._ask([ctx for ctx, _ in packs], strategy, q), "shipped_bytes": shipped}
                 for q in item.questions]
 
-    def _compressed(self, item: QAItem, ctx, method: str, budget: float):
+    def _compressed(self, item: QAItem, ctx, method: str, budget: float, codec: str):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
-        computed once per (item, method) and each budget only re-selects; the seconds
-        reported are scoring + selection, as one compression job would spend."""
-        from kvedge.cloud.eviction import get_method, select
+        computed once per (item, method, codec) and each budget only keeps its share; the
+        seconds reported are scoring + keeping, as one compression job would spend."""
+        from kvedge.cloud.eviction import get_method
 
         m = get_method(method, budget)
-        key = (item.key, method)
+        key = (item.key, method, codec)
         if key not in self._scores:
             start = time.perf_counter()
-            self._scores[key] = (m.score(self.prefill.rt, ctx), time.perf_counter() - start)
+            self._scores[key] = (m.scores(self.prefill.rt, ctx), time.perf_counter() - start)
         scores_, score_s = self._scores[key]
         start = time.perf_counter()
-        kept = select(scores_, ctx, budget, m.sinks, m.protect, m.adaptive)
+        kept = m.keep(scores_, ctx)
         return ctx.select(kept), score_s + time.perf_counter() - start
 
-    def _context(self, item: QAItem):
-        (ctx, _), = self.packs("".join(item.documents), whole=True)
+    def _context(self, item: QAItem, codec: str = DEFAULT_CODEC):
+        (ctx, _), = self.packs("".join(item.documents), True, codec)
         return ctx
 
-    def _prefill_seconds(self, item: QAItem) -> float:
+    def _prefill_seconds(self, item: QAItem, codec: str) -> float:
         """A plain prefill of the item's whole context, timed once: compression's yardstick."""
         import torch
 
         if item.key not in self._prefill_s:
-            ids = torch.tensor(self._context(item).token_ids)
+            ids = torch.tensor(self._context(item, codec).token_ids)
             start = time.perf_counter()
             self.prefill.rt.prefill(ids, logits="none")
             self._prefill_s[item.key] = time.perf_counter() - start
         return self._prefill_s[item.key]
 
-    def _evict(self, item: QAItem, method: str, budget: float) -> list[dict]:
+    def _evict(self, item: QAItem, method: str, budget: float, codec: str) -> list[dict]:
         """Compress the whole context once, then answer every question from it (PIE over the
         compressed, realigned context: the KBQA serving path)."""
         from kvedge.common.pack.format import encode_pack
         from kvedge.edge.strategies import get_strategy
 
-        ctx, compress_s = self._context(item), None
+        ctx, compress_s = self._context(item, codec), None
         if method != "full":
-            ctx, compress_s = self._compressed(item, ctx, method, budget)
-        shipped = len(encode_pack(ctx, self.codec))
-        prefill_s = self._prefill_seconds(item) if method != "full" else None
+            ctx, compress_s = self._compressed(item, ctx, method, budget, codec)
+        shipped = len(encode_pack(ctx, codec))
+        prefill_s = self._prefill_seconds(item, codec) if method != "full" else None
         extra = {"shipped_bytes": shipped, "compress_s": compress_s, "prefill_s": prefill_s}
         return [{**self._ask([ctx], get_strategy("pie"), q), **extra} for q in item.questions]
 
-    def _kvpress(self, items: list[QAItem], press: str, budget: float) -> list[dict]:
-        """kvpress's `press` at `budget` over the very token ids our edge composes."""
+    def _kvpress(self, items: list[QAItem], press: str, budget: float,
+                 codec: str) -> list[dict]:
+        """kvpress's `press` at `budget` over the very token ids our edge composes (`codec`:
+        whose packs already hold them)."""
         from kvedge.bench.kvpress_ref import KVPressItem, run_kvpress
 
         jobs = []
         for item in items:
-            ids = self.engine.prefix_ids + list(self._context(item).token_ids)
+            ids = self.engine.prefix_ids + list(self._context(item, codec).token_ids)
             jobs.append(KVPressItem(ids, [(self.engine.question_ids(q.text, q.instruction),
                                            self.new_tokens(q)) for q in item.questions]))
         answers = run_kvpress(self.model, press, budget, jobs)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvedge.common.errors import KvedgeError
+from kvedge.common.errors import NotFound
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kbs (
@@ -45,12 +45,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 BASE = ""  # the base (uncompressed) variant's name
 
 
-class NotFound(KvedgeError):
-    """No such knowledge base (or variant, or pack) in this namespace."""
-
-
 @dataclass
-class Segment:
+class SegmentRecord:
+    """One context of a KB variant as the catalog keeps it: its pack and what it measures."""
+
     idx: int
     pack_id: str
     pack_bytes: int
@@ -71,7 +69,7 @@ class KBRecord:
     updated: float
     files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path → (sha256, size)
     variants: dict[str, dict] = field(default_factory=dict)  # variant → status row
-    segments: list[Segment] = field(default_factory=list)    # of the requested variant
+    segments: list[SegmentRecord] = field(default_factory=list)  # of the requested variant
 
 
 @dataclass
@@ -167,8 +165,8 @@ class Catalog:
                    "total=excluded.total, updated=excluded.updated",
                    (kb, variant, status, error, done, total, now))
 
-    def publish(self, namespace: str, name: str, variant: str, segments: list[Segment], *,
-                model_fingerprint: str) -> list[str]:
+    def publish(self, namespace: str, name: str, variant: str,
+                segments: list[SegmentRecord], *, model_fingerprint: str) -> list[str]:
         """Atomically replace a variant's segments and mark it ready; returns pack ids no
         longer referenced anywhere (the caller may delete them from the store)."""
         with self._tx() as db:
@@ -219,7 +217,7 @@ class Catalog:
             if variant not in rec.variants:
                 raise NotFound(f"knowledge base {name!r} has no variant {variant!r}; it has "
                                f"{sorted(v or 'base' for v in rec.variants)}")
-            rec.segments = [Segment(*r) for r in db.execute(
+            rec.segments = [SegmentRecord(*r) for r in db.execute(
                 "SELECT idx, pack_id, pack_bytes, n_tokens, source, fp16_bytes FROM segments "
                 "WHERE kb_id=? AND variant=? ORDER BY idx", (kb, variant))]
             return rec

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvedge.common.pack.codecs import DEFAULT_CODEC
+
 DEMO_KB = Path(__file__).parent / "demo_kb"
 STRATEGIES = ("recompute", "a3")
 
@@ -71,11 +73,11 @@ def wait_for(predicate, what: str, children: list[Child], timeout: float) -> Non
         time.sleep(0.3)
 
 
-def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = "int8",
+def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = DEFAULT_CODEC,
              kb_dir: Path = DEMO_KB) -> bool:
-    from kvedge.cloud.client import CloudClient
+    from kvedge.common.cloud_client import CloudClient
     from kvedge.common.rpc import wait_healthy
-    from kvedge.edge.client import EdgeClient
+    from kvedge.common.edge_client import EdgeClient
 
     root = Path(tempfile.mkdtemp(prefix="kvedge-demo-"))
     cloud_addr, edge_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"

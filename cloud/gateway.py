@@ -2,42 +2,42 @@
 
 Upload protocol: the client sends the KB's file list with sha256s to PlanUpload and learns
 which files the gateway lacks and from which offset to resume each; it then streams only those
-chunks. Files are staged under the data dir and verified against their sha256 before they
-count. Ingest runs in a background thread: segments → Ray prefill actors → packs in the store
-→ one catalog transaction. Bad input is rejected before anything reaches the catalog or store.
+chunks. Files are staged under the data dir (`cloud.staging`) and verified against their
+sha256 before they count. Ingest runs in a background thread: segments → Ray prefill actors →
+packs in the store → one catalog transaction. Bad input is rejected before anything reaches
+the catalog or store. The batch-job calls are `cloud.jobs_service.JobsService`, mixed in.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
-from kvedge.cloud.catalog import BASE, Catalog, NotFound, Segment
-from kvedge.cloud.ingest import BadInput, check_path, decode_text
+from kvedge.cloud.catalog import BASE, Catalog, SegmentRecord
 from kvedge.cloud.jobs import JobRunner
+from kvedge.cloud.jobs_service import JobsService
+from kvedge.cloud.staging import Staging
 from kvedge.cloud.store import PackStore
 from kvedge.common.auth import TokenStore, check_name, write_secret
+from kvedge.common.errors import BadInput, NotFound
+from kvedge.common.kbfiles import check_path, decode_text
+from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import CHUNK, OPTIONS, add_health, principal, rpc_errors
+from kvedge.common.rpc import CHUNK, principal, rpc_errors, serve_grpc
 
 log = logging.getLogger("kvedge.gateway")
-SHA256 = set("0123456789abcdef")
 
 
 @dataclass
 class GatewayConfig:
     data_dir: Path
     store_url: str | None = None       # default: <data_dir>/store
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     segment_tokens: int = 512
-    codec: str = "fp16"
+    codec: str = DEFAULT_CODEC
     actors: int = 1
     cpus_per_actor: int = 1
 
@@ -46,104 +46,6 @@ class GatewayConfig:
         if self.segment_tokens < 16:
             raise ValueError("segment_tokens must be at least 16")
         self.store_url = self.store_url or str(self.data_dir / "store")
-
-
-class Staging:
-    """Uploaded files by content hash, per namespace: <ns>/<sha>.part while incomplete."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def path(self, namespace: str, sha: str, partial: bool = False) -> Path:
-        if len(sha) != 64 or not set(sha) <= SHA256:
-            raise BadInput(f"not a sha256 hex digest: {sha!r}")
-        return self.root / namespace / (f"{sha}.part" if partial else sha)
-
-    def offset(self, namespace: str, sha: str) -> int | None:
-        """None when complete, else the bytes held so far."""
-        if self.path(namespace, sha).exists():
-            return None
-        part = self.path(namespace, sha, partial=True)
-        return part.stat().st_size if part.exists() else 0
-
-    def write(self, namespace: str, sha: str, offset: int, data: bytes, size: int) -> bool:
-        """Append a chunk at `offset`; verify and finalize when complete. True if complete."""
-        part = self.path(namespace, sha, partial=True)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        held = part.stat().st_size if part.exists() else 0
-        if offset != held:
-            raise BadInput(f"chunk of {sha[:12]}… at offset {offset}, but {held} bytes are held: "
-                           "resume from the offset PlanUpload returns")
-        if held + len(data) > size:
-            raise BadInput(f"file {sha[:12]}… is larger than its declared {size} bytes")
-        with open(part, "ab") as f:
-            f.write(data)
-        if held + len(data) < size:
-            return False
-        if hashlib.sha256(part.read_bytes()).hexdigest() != sha:
-            part.unlink()
-            raise BadInput(f"file {sha[:12]}…: content does not match its sha256; upload it again")
-        os.replace(part, self.path(namespace, sha))
-        return True
-
-    def read(self, namespace: str, sha: str) -> bytes:
-        return self.path(namespace, sha).read_bytes()
-
-
-def job_info(job) -> pb.JobInfo:
-    return pb.JobInfo(job_id=job.id, namespace=job.namespace, kbs=job.kbs, method=job.method,
-                      budget=job.budget, codec=job.codec, status=job.status, done=job.done,
-                      total=job.total, variant=job.variant, created=job.created,
-                      finished=job.finished, compress_s=job.compress_s,
-                      failures=[pb.JobFailure(**f) for f in job.failures])
-
-
-class JobsService:
-    """The gateway's batch-job calls, mixed into Gateway."""
-
-    @rpc_errors
-    def SubmitJob(self, request, context):
-        self._authorized(context, request.namespace)
-        for kb in request.kbs:
-            check_name("knowledge base", kb)
-        job = self.jobs.submit(request.namespace, list(request.kbs), request.method,
-                               request.budget, request.codec or "fp16")
-        return job_info(job)
-
-    @rpc_errors
-    def GetJob(self, request, context):
-        self._authorized(context, request.namespace)
-        return job_info(self.catalog.job(request.namespace, request.job_id))
-
-    @rpc_errors
-    def WatchJob(self, request, context):
-        """Stream the job's state whenever it changes, until it ends."""
-        import time
-
-        self._authorized(context, request.namespace)
-        last = None
-        while context.is_active():
-            info = job_info(self.catalog.job(request.namespace, request.job_id))
-            if info != last:
-                yield info
-                last = info
-            if info.status in ("done", "failed", "cancelled"):
-                return
-            time.sleep(0.2)
-
-    @rpc_errors
-    def ListJobs(self, request, context):
-        who = principal(self.tokens, context)
-        if request.namespace:
-            who.require(request.namespace)
-        jobs = [j for j in self.catalog.jobs([request.namespace] if request.namespace else None)
-                if who.may_read(j.namespace)]
-        return pb.JobsReply(jobs=[job_info(j) for j in jobs])
-
-    @rpc_errors
-    def CancelJob(self, request, context):
-        self._authorized(context, request.namespace)
-        return job_info(self.jobs.cancel(request.namespace, request.job_id))
 
 
 class Gateway(JobsService, pb_grpc.CloudServicer):
@@ -235,8 +137,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                 self.store.put(enc.pack_id, enc.data)
                 stored.append(enc.pack_id)
                 src = segments[enc.index].source
-                rows.append(Segment(enc.index, enc.pack_id, len(enc.data), enc.n_tokens, src,
-                                    enc.fp16_bytes))
+                rows.append(SegmentRecord(enc.index, enc.pack_id, len(enc.data), enc.n_tokens,
+                                          src, enc.fp16_bytes))
                 self.catalog.set_progress(ns, name, BASE, "ingesting", done=done,
                                           total=len(segments))
             rows.sort(key=lambda s: s.idx)
@@ -326,11 +228,6 @@ def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
     admin = config.data_dir / "admin.token"
     if not admin.exists():
         write_secret(admin, gateway.tokens.issue("admin", ["*"]))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
-    pb_grpc.add_CloudServicer_to_server(gateway, server)
-    add_health(server, ["kvedge.v1.Cloud"])
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
-    server.start()
+    server, port = serve_grpc(lambda srv: pb_grpc.add_CloudServicer_to_server(gateway, srv),
+                              address, ["kvedge.v1.Cloud"], max_workers)
     return server, gateway, port

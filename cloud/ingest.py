@@ -9,44 +9,20 @@ into a well-formed prompt with no glue tokens between them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
-from kvedge.common.errors import InvalidRequest
+from kvedge.common.errors import BadInput
 
-TEXT_SUFFIXES = (".txt", ".md")
 SEPARATOR = "\n\n"
 
 
-class BadInput(InvalidRequest):
-    """An uploaded knowledge base that cannot be ingested (binary, empty, too long, ...)."""
-
-
 @dataclass(frozen=True)
-class Segment:
+class TextSegment:
+    """A piece of an uploaded KB cut for one prefill: its text and token ids."""
+
     index: int
     source: str           # the file it came from
     text: str
     token_ids: list[int]
-
-
-def check_path(path: str) -> str:
-    """A KB-relative path: no absolute paths, no '..', a text suffix."""
-    p = PurePosixPath(path)
-    if p.is_absolute() or ".." in p.parts or not p.parts or "\\" in path:
-        raise BadInput(f"{path!r}: file paths must be relative to the knowledge base folder")
-    if p.suffix.lower() not in TEXT_SUFFIXES:
-        raise BadInput(f"{path}: only {', '.join(TEXT_SUFFIXES)} files can be ingested")
-    return path
-
-
-def decode_text(path: str, data: bytes) -> str:
-    """UTF-8 text or a BadInput naming the file (binaries are rejected, not guessed at)."""
-    if b"\x00" in data:
-        raise BadInput(f"{path}: binary file (contains NUL bytes); upload text (.txt, .md) only")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise BadInput(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
 def paragraphs(text: str) -> list[str]:
@@ -80,7 +56,7 @@ def segment_file(source: str, text: str, tokenize, segment_tokens: int) -> list[
 
 
 def make_segments(files: dict[str, str], tokenize, *, segment_tokens: int, whole: bool,
-                  max_tokens: int, detokenize=None) -> list[Segment]:
+                  max_tokens: int, detokenize=None) -> list[TextSegment]:
     """files: path → text (in upload order). tokenize(str) → ids; detokenize(ids) → str."""
     if not files:
         raise BadInput("the knowledge base has no files")
@@ -98,4 +74,4 @@ def make_segments(files: dict[str, str], tokenize, *, segment_tokens: int, whole
                 for src, body, ids in segments if ids]
     if not segments:
         raise BadInput("the knowledge base has no text (every file is empty)")
-    return [Segment(i, src, body, ids) for i, (src, body, ids) in enumerate(segments)]
+    return [TextSegment(i, src, body, ids) for i, (src, body, ids) in enumerate(segments)]

@@ -14,21 +14,25 @@ import threading
 import time
 import uuid
 
-from kvedge.cloud.catalog import BASE, Catalog, JobRecord, Segment
-from kvedge.cloud.ingest import BadInput
+from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord
+from kvedge.common.errors import BadInput, InvalidRequest
 
 log = logging.getLogger("kvedge.jobs")
 
 
 def check_spec(method: str, budget: float, codec: str) -> None:
-    from kvedge.cloud.workers import METHOD_NONE, method_names
+    """Refuse, before anything is queued, a job the workers could not run (the client's
+    error: BadInput)."""
+    from kvedge.cloud.eviction import METHODS, get_method
     from kvedge.common.pack.codecs import get_codec
 
-    if method != METHOD_NONE and method not in method_names():
-        raise BadInput(f"unknown method {method!r}; choose one of "
-                       f"{[METHOD_NONE, *method_names()]}")
-    if not 0 < budget <= 1:
-        raise BadInput(f"budget must be in (0, 1], got {budget}")
+    names = sorted(METHODS)
+    if method not in names:
+        raise BadInput(f"unknown method {method!r}; choose one of {names}")
+    try:
+        get_method(method, budget)  # its options' checks: the budget in (0, 1]
+    except InvalidRequest as err:
+        raise BadInput(str(err)) from None
     get_codec(codec)
 
 
@@ -71,7 +75,7 @@ class JobRunner:
         if job_id in self._threads:
             self._threads[job_id].join(timeout)
 
-    def _run(self, job: JobRecord, plans: dict[str, list[Segment]]) -> None:
+    def _run(self, job: JobRecord, plans: dict[str, list[SegmentRecord]]) -> None:
         job.status = "running"
         self.catalog.put_job(job)
         cancelled = self._cancel[job.id]
@@ -86,7 +90,8 @@ class JobRunner:
         log.info("job %s %s: %d/%d contexts, %d failures", job.id, job.status, job.done,
                  job.total, len(job.failures))
 
-    def _compress_kb(self, job: JobRecord, kb: str, segments: list[Segment], cancelled) -> None:
+    def _compress_kb(self, job: JobRecord, kb: str, segments: list[SegmentRecord],
+                     cancelled) -> None:
         ns, variant = job.namespace, job.variant
         self.catalog.set_progress(ns, kb, variant, "ingesting", total=len(segments))
         packs = [(s.idx, self.store.read(s.pack_id)) for s in segments]
@@ -101,8 +106,8 @@ class JobRunner:
                 self.store.put(outcome.pack_id, outcome.data)
                 stored.append(outcome.pack_id)
                 src = next(s.source for s in segments if s.idx == idx)
-                rows.append(Segment(idx, outcome.pack_id, len(outcome.data), outcome.n_tokens,
-                                    src, outcome.fp16_bytes))
+                rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),
+                                          outcome.n_tokens, src, outcome.fp16_bytes))
                 job.compress_s += outcome.seconds
             job.done += 1
             self.catalog.put_job(job)

@@ -6,18 +6,12 @@ a partial pack under its final name.
 """
 from __future__ import annotations
 
-import re
 import uuid
 
 import fsspec
 
-from kvedge.common.errors import KvedgeError
-
-PACK_ID = re.compile(r"^[0-9a-f]{64}$")
-
-
-class StoreError(KvedgeError):
-    """The pack store could not read or write a pack."""
+from kvedge.common.errors import StoreError
+from kvedge.common.pack.container import PACK_ID
 
 
 class PackStore:

@@ -11,22 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kvedge.cloud.ingest import Segment, make_segments
+from kvedge.cloud.ingest import TextSegment, make_segments
 
 
 # SamKV's local Q cache (Eq. 1) enters the query vector as one pooled vector per head, so the
 # pack keeps the mean pre-RoPE query of the last 16 tokens: (Hq, 1, D) per layer. Keeping the
 # tokens themselves cost more than a short segment's whole KV (Hq = 3 Hkv on SmolLM2).
 QUERY_CACHE_TOKENS = 16
-
-
-METHOD_NONE = "none"  # re-encode with another codec, evict nothing
-
-
-def method_names() -> list[str]:
-    from kvedge.cloud.eviction import METHODS
-
-    return sorted(METHODS)
 
 
 @dataclass(frozen=True)
@@ -56,13 +47,14 @@ class PrefillEngine:
         return {"fingerprint": self.loaded.fingerprint, "tokenizer_id": self.loaded.tokenizer_id,
                 "max_tokens": cfg.max_position_embeddings, "model": self.loaded.name}
 
-    def segment(self, files: dict[str, str], segment_tokens: int, whole: bool) -> list[Segment]:
+    def segment(self, files: dict[str, str], segment_tokens: int,
+                whole: bool) -> list[TextSegment]:
         tok = self.loaded.tokenizer
         return make_segments(files, lambda s: tok(s)["input_ids"], segment_tokens=segment_tokens,
                              whole=whole, max_tokens=self.loaded.config.max_position_embeddings,
                              detokenize=tok.decode)
 
-    def encode(self, segment: Segment, namespace: str, codec: str) -> EncodedSegment:
+    def encode(self, segment: TextSegment, namespace: str, codec: str) -> EncodedSegment:
         """Prefill one segment from position 0 and encode its pre-RoPE KV as a pack."""
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.context import KVContext
@@ -89,15 +81,12 @@ class PrefillEngine:
         """Evict (query-agnostic) and re-encode one context's base pack."""
         import time
 
+        from kvedge.cloud.eviction import evict_context
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.format import encode_pack, read_pack
 
         start = time.perf_counter()
-        ctx = read_pack(pack, self.loaded.fingerprint)
-        if method != METHOD_NONE:
-            from kvedge.cloud.eviction import evict_context
-
-            ctx = evict_context(self.rt, ctx, method, budget)
+        ctx = evict_context(self.rt, read_pack(pack, self.loaded.fingerprint), method, budget)
         data = encode_pack(ctx, codec)
         return EncodedSegment(index, pack_id(data), data, ctx.n_tokens,
                               self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start)
@@ -129,7 +118,7 @@ class PrefillPool:
 
         return ray.get(self._ensure()[0].segment.remote(files, segment_tokens, whole))
 
-    def encode_all(self, segments: list[Segment], namespace: str, codec: str):
+    def encode_all(self, segments: list[TextSegment], namespace: str, codec: str):
         """Yield EncodedSegments as actors finish them (round-robin over actors)."""
         import ray
 

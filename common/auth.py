@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.common.errors import InvalidRequest, KvedgeError
+from kvedge.common.fsutil import write_json_atomic, write_text_atomic
 
 ALL = "*"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -29,14 +28,18 @@ class InvalidName(InvalidRequest):
 class Unauthenticated(KvedgeError):
     """No token, or a token this service does not know."""
 
+    status = "UNAUTHENTICATED"
+
 
 class PermissionDenied(KvedgeError):
     """A valid token used on a namespace it does not cover."""
 
+    status = "PERMISSION_DENIED"
+
 
 def check_name(kind: str, name: str) -> str:
     """Names become folder and catalog keys: letters, digits, '_', '-', '.'; no separators."""
-    if not isinstance(name, str) or not NAME_RE.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in (".", ".."):
         raise InvalidName(f"invalid {kind} name {name!r}: use 1-64 letters, digits, '_', '-' or "
                           "'.', starting with a letter or digit (no '/' or '\\')")
     return name
@@ -78,12 +81,7 @@ class TokenStore:
         token = "kve_" + secrets.token_urlsafe(32)
         entries = self._load()
         entries[_digest(token)] = {"name": name, "namespaces": sorted(set(namespaces))}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tokens.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f, indent=1)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, entries, mode=0o600, indent=1)
         return token
 
     def check(self, token: str | None) -> Principal:
@@ -106,8 +104,5 @@ def bearer(metadata) -> str | None:
 
 
 def write_secret(path: Path, token: str) -> None:
-    """A token file readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    """A token file readable by its owner only, replaced whole (never half a token)."""
+    write_text_atomic(path, token + "\n", mode=0o600)

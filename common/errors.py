@@ -1,16 +1,49 @@
-"""Named errors. Every message says what went wrong and what the user can do about it."""
+"""Named errors. Every message says what went wrong and what the user can do about it.
+
+Every error both tiers raise on purpose lives in `kvedge.common` (here, or beside its concept:
+`auth`, `pack.errors`), so either side of an RPC can raise it and re-raise it by name. Each
+class carries the gRPC status it travels as (`status`, a `grpc.StatusCode` name: this module
+stays free of grpc); `kvedge.common.rpc` builds both directions of its table from the
+subclasses of `KvedgeError`, so a new error needs no other registration.
+"""
 
 
 class KvedgeError(Exception):
     """Base class of every error kvedge raises on purpose."""
 
+    status = "FAILED_PRECONDITION"
+
 
 class InvalidRequest(KvedgeError):
     """The caller asked for something malformed or unknown (a gRPC INVALID_ARGUMENT)."""
 
+    status = "INVALID_ARGUMENT"
+
+
+class NotFound(KvedgeError):
+    """No such knowledge base (or variant, or pack, or job) in this namespace."""
+
+    status = "NOT_FOUND"
+
+
+class BadInput(InvalidRequest):
+    """An uploaded knowledge base or a question that cannot be used (binary, empty, too long)."""
+
 
 class UnknownModel(InvalidRequest):
     """A model name is neither registered nor a local Hugging Face folder."""
+
+
+class UnknownStrategy(InvalidRequest):
+    """No reuse strategy by that name."""
+
+
+class InvalidOption(InvalidRequest):
+    """A strategy, eviction method or codec option that does not exist or is out of range."""
+
+
+class UnknownMethod(InvalidRequest):
+    """No eviction method by that name."""
 
 
 class ModelNotInstalled(KvedgeError):
@@ -31,3 +64,7 @@ class ActiveSetError(KvedgeError):
 
 class CacheError(KvedgeError):
     """A KV cache was used inconsistently (positions, capacity, shapes)."""
+
+
+class StoreError(KvedgeError):
+    """The pack store could not read or write a pack."""

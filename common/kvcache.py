@@ -8,10 +8,30 @@ position, go to every head). Buffers are preallocated and grow by doubling, gpt-
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kvedge.common.attention import gqa_attention
 from kvedge.common.errors import CacheError
+
+
+class HeadGroup(NamedTuple):
+    """KV heads that hold the same positions: keys/values (h, n, D) at positions (n,).
+
+    `first` is the index of the group's first KV head; a dense layer is one group of every
+    head, a ragged layer one group per head. Scoring loops (A3, CacheBlend, eviction) iterate
+    `layer.heads()` and never ask which kind of cache they hold.
+    """
+
+    first: int
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+
+    @property
+    def kv_heads(self) -> slice:
+        return slice(self.first, self.first + self.keys.shape[0])
 
 
 class HeadBuffer:
@@ -113,6 +133,9 @@ class DenseKV:
     def view(self):
         return self.buf.view()
 
+    def heads(self) -> list[HeadGroup]:
+        return [HeadGroup(0, *self.buf.view())]
+
     def nbytes(self) -> int:
         return self.buf.nbytes()
 
@@ -128,37 +151,40 @@ class RaggedKV:
 
     def __init__(self, heads_k: list[torch.Tensor], heads_v: list[torch.Tensor],
                  heads_pos: list[torch.Tensor], reserve: int = 0):
-        self.heads = [HeadBuffer(k[None], v[None], p, reserve)
+        self.head_buffers = [HeadBuffer(k[None], v[None], p, reserve)
                       for k, v, p in zip(heads_k, heads_v, heads_pos)]
 
     @property
     def max_pos(self) -> int:
-        return max((int(h.pos[h.n - 1]) for h in self.heads if h.n), default=-1)
+        return max((int(h.pos[h.n - 1]) for h in self.head_buffers if h.n), default=-1)
 
     def overwrite(self, pos, k, v):
-        for h, head in enumerate(self.heads):
+        for h, head in enumerate(self.head_buffers):
             head.overwrite(pos, k[h: h + 1], v[h: h + 1], strict=False)
 
     def append(self, pos, k, v):
-        for h, head in enumerate(self.heads):
+        for h, head in enumerate(self.head_buffers):
             head.append(pos, k[h: h + 1], v[h: h + 1])
 
     def truncate(self, last_pos: int) -> None:
-        for head in self.heads:
+        for head in self.head_buffers:
             head.truncate(last_pos)
 
     def attend(self, q, q_pos, scale, window=None):
         out = torch.empty_like(q)
-        for h, head in enumerate(self.heads):
+        for h, head in enumerate(self.head_buffers):
             k, v, pos = head.view()
             out[h: h + 1] = gqa_attention(q[h: h + 1], k, v, q_pos, pos, scale, window)
         return out
 
+    def heads(self) -> list[HeadGroup]:
+        return [HeadGroup(h, *head.view()) for h, head in enumerate(self.head_buffers)]
+
     def nbytes(self) -> int:
-        return sum(head.nbytes() for head in self.heads)
+        return sum(head.nbytes() for head in self.head_buffers)
 
     def kept(self) -> list[int]:
-        return [head.n for head in self.heads]
+        return [head.n for head in self.head_buffers]
 
 
 LayerKV = DenseKV | RaggedKV

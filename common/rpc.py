@@ -14,8 +14,7 @@ from pathlib import Path
 import grpc
 
 from kvedge.common import errors
-from kvedge.common.auth import (InvalidName, PermissionDenied, Principal, TokenStore,
-                                Unauthenticated, bearer)
+from kvedge.common.auth import Principal, TokenStore, bearer
 
 MAX_MESSAGE = 64 * 1024 * 1024
 CHUNK = 1024 * 1024
@@ -28,20 +27,23 @@ class RemoteError(errors.KvedgeError):
 
 
 def _status_of(err: Exception) -> grpc.StatusCode:
-    from kvedge.cloud.catalog import NotFound
-    from kvedge.common.pack.errors import PackError
-
-    table = [(Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-             (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
-             (NotFound, grpc.StatusCode.NOT_FOUND),
-             (errors.InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
-             (errors.ModelMismatch, grpc.StatusCode.FAILED_PRECONDITION),
-             (PackError, grpc.StatusCode.DATA_LOSS)]
-    for types, code in table:
-        if isinstance(err, types):
-            return code
-    return grpc.StatusCode.FAILED_PRECONDITION if isinstance(err, errors.KvedgeError) \
+    return grpc.StatusCode[err.status] if isinstance(err, errors.KvedgeError) \
         else grpc.StatusCode.INTERNAL
+
+
+def named_errors() -> dict[str, type[errors.KvedgeError]]:
+    """Every KvedgeError subclass by name: what a failed call's detail can be raised as again.
+
+    All of them are defined in kvedge.common (errors, auth, pack.errors, this module), which
+    this module imports, so the table is complete without a hand-kept list."""
+    import kvedge.common.pack.errors  # noqa: F401 - defines the pack errors
+
+    found, todo = {}, [errors.KvedgeError]
+    while todo:
+        cls = todo.pop()
+        found[cls.__name__] = cls
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 def rpc_errors(method):
@@ -80,22 +82,21 @@ def principal(tokens: TokenStore, context) -> Principal:
 
 def raise_remote(err: grpc.RpcError):
     """Client side: turn a failed call back into the named error it started as."""
-    from kvedge.cloud.catalog import NotFound
-    from kvedge.cloud.ingest import BadInput
-    from kvedge.common.pack.errors import PackCorrupt
-
     detail = err.details() or ""
     name, _, message = detail.partition(": ")
-    from kvedge.edge.strategies import UnknownStrategy
-
-    known = {c.__name__: c for c in (Unauthenticated, PermissionDenied, NotFound, InvalidName,
-                                     BadInput, errors.UnknownModel, errors.ModelMismatch,
-                                     PackCorrupt, UnknownStrategy)}
-    if name in known:
-        raise known[name](message) from None
+    known = named_errors()
+    if name in known and known[name] is not errors.KvedgeError:
+        raise _rebuilt(known[name], message) from None
     if err.code() == grpc.StatusCode.UNAVAILABLE:
         raise RemoteError(f"service unavailable ({detail}); is it running?") from None
     raise RemoteError(f"{err.code().name}: {detail}") from None
+
+
+def _rebuilt(cls: type[errors.KvedgeError], message: str) -> errors.KvedgeError:
+    """The error with the message the server formatted (some errors format in __init__)."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    return err
 
 
 class RpcClient:
@@ -130,6 +131,22 @@ def read_token(explicit: str | None, default_file: Path) -> str | None:
     if os.environ.get("KVEDGE_TOKEN"):
         return os.environ["KVEDGE_TOKEN"]
     return default_file.read_text().strip() if default_file.exists() else None
+
+
+def serve_grpc(add_servicers, address: str, services: list[str], max_workers: int = 8):
+    """Start a gRPC server: `add_servicers(server)` registers the services, standard health
+    checking reports `services` SERVING. Returns (server, bound port); OSError if it can't bind.
+    The gateway and the edge daemon both start this way."""
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
+    add_servicers(server)
+    add_health(server, services)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    return server, port
 
 
 def add_health(server: grpc.Server, services: list[str]):

@@ -1,21 +1,29 @@
-"""`kvedge`: the edge daemon's command (serving arrives with the pack sync; generation today)."""
+"""`kvedge`: the edge node — `serve` (sync packs, answer over gRPC), `strategies` (the reuse
+strategies and their options), `generate` (one local chat answer with the runtime)."""
 from __future__ import annotations
 
 import time
 
 import click
 
-from kvedge.cloud.cli import KvedgeGroup
+from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, RegistryChoice
+from kvedge.common.models import DEFAULT_MODEL
+
+
+def _strategies():
+    from kvedge.edge.strategies import STRATEGIES
+
+    return STRATEGIES
 
 
 @click.group(cls=KvedgeGroup)
 def main():
-    """kvedge edge node."""
+    """kvedge edge node: serve knowledge bases synced from the cloud, list reuse strategies."""
 
 
 @main.command("generate")
 @click.argument("prompt")
-@click.option("--model", "model_name", default="smollm2-135m-instruct", show_default=True)
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True)
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy")
 @click.option("--seed", default=None, type=int)
@@ -43,16 +51,17 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 
 
 @main.command("serve")
-@click.option("--cloud", "cloud_address", default="127.0.0.1:50051", show_default=True)
+@click.option("--cloud", "cloud_address", default=CLOUD_ADDRESS, show_default=True)
 @click.option("--cloud-token", default=None,
               help="token for the gateway [default: $KVEDGE_TOKEN or the local admin token]")
 @click.option("--kb", "kbs", multiple=True, required=True,
               help="KB to serve: NAME, NS/NAME or NS/NAME@VARIANT (repeatable)")
-@click.option("--address", default="127.0.0.1:50052", show_default=True)
+@click.option("--address", default=EDGE_ADDRESS, show_default=True)
 @click.option("--state", "state_dir", type=click.Path(), default=None,
               help="pack cache and KB manifests [default: $KVEDGE_HOME/edge]")
-@click.option("--model", "model_name", default="smollm2-135m-instruct", show_default=True)
-@click.option("--strategy", default="a3", show_default=True, help="default reuse strategy")
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True)
+@click.option("--strategy", default="a3", show_default=True, type=RegistryChoice(_strategies),
+              help="default reuse strategy")
 @click.option("--top-k", default=3, show_default=True)
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
@@ -66,19 +75,17 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     import sys
     from pathlib import Path
 
-    from kvedge.cloud.cli import home_path
-    from kvedge.cloud.client import CloudClient
+    from kvedge.common.cli import home_path
+    from kvedge.common.cloud_client import CloudClient
     from kvedge.common.models import load_model
     from kvedge.common.rpc import read_token
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.packcache import PackCache
     from kvedge.edge.server import serve
-    from kvedge.edge.strategies import get_strategy
     from kvedge.edge.sync import Syncer, Target
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    get_strategy(strategy)
     state = Path(state_dir) if state_dir else home_path("edge")
     targets = [Target.parse(spec) for spec in kbs]
     loaded = load_model(model_name)
@@ -98,3 +105,18 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     finally:
         syncer.stop()
         server.stop(2)
+
+
+@main.command("strategies")
+def strategies_cmd():
+    """The reuse strategies this edge can answer with, and their options (kvctl ask --opt)."""
+    import sys
+
+    from kvedge.common.registry import describe
+    from kvedge.edge.strategies import STRATEGIES
+
+    for name, cls in STRATEGIES.items():
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        click.echo(f"{name:12s} {doc}")
+        for line in describe(cls):
+            click.echo(f"{'':14s}{line}")

@@ -10,11 +10,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import torch
 
-from kvedge.cloud.catalog import NotFound
+from kvedge.common.errors import BadInput, NotFound
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.strategies import Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
@@ -115,12 +115,13 @@ class EdgeEngine:
                "prompt_tokens": len(composed.all_ids())}
 
     def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
-            max_new_tokens: int = 48, ratio: float | None = None) -> Iterator[str | AskResult]:
-        """Retrieve, load the packs, answer: yield answer pieces, then one AskResult."""
+            max_new_tokens: int = 48,
+            options: Mapping[str, str] | None = None) -> Iterator[str | AskResult]:
+        """Retrieve, load the packs, answer: yield answer pieces, then one AskResult.
+        `options` are the strategy's (checked against its fields: InvalidOption if bad)."""
         start = time.perf_counter()
-        chosen = get_strategy(strategy, ratio)
+        chosen = get_strategy(strategy, options)
         if not question.strip():
-            from kvedge.cloud.ingest import BadInput
             raise BadInput("the question is empty")
         with self._lock:  # one answer at a time: 2 cores, one model copy
             kb = self._kb(target)

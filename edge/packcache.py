@@ -1,21 +1,22 @@
 """The edge's local pack cache: verified packs on disk, decoded contexts in a small LRU.
 
 A pack enters the cache only after its content hash, every checksum and its model
-fingerprint check out; a broken transfer stays as `<id>.part` and resumes from its size.
+fingerprint check out; a broken transfer stays as `<id>.part` and resumes from its size
+(`kvedge.common.fsutil.PartFile`, the same resumable transfer uploads use).
 Packs of the KBs this edge serves are pinned; others are evicted least-recently-used when
 the cache is over its byte budget.
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from kvedge.common.fsutil import PartFile
+from kvedge.common.pack.container import PACK_ID
 from kvedge.common.pack.container import pack_id as content_id
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import open_pack
-from kvedge.cloud.store import PACK_ID
 
 
 class PackCache:
@@ -38,39 +39,31 @@ class PackCache:
     def has(self, pack_id: str) -> bool:
         return self.path(pack_id).exists()
 
+    def _part(self, pack_id: str) -> PartFile:
+        return PartFile(self.path(pack_id, partial=True), lambda offset, held: PackCorrupt(
+            f"chunk at offset {offset} does not continue the {held} bytes held"))
+
     def held(self, pack_id: str) -> int:
         """Bytes of an unfinished transfer (resume offset)."""
-        part = self.path(pack_id, partial=True)
-        return part.stat().st_size if part.exists() else 0
+        return self._part(pack_id).held()
 
     def append(self, pack_id: str, offset: int, data: bytes) -> None:
-        part = self.path(pack_id, partial=True)
-        if offset != self.held(pack_id):
-            raise PackCorrupt(f"chunk at offset {offset} does not continue the {self.held(pack_id)} "
-                              "bytes held")
-        with open(part, "ab") as f:
-            f.write(data)
+        self._part(pack_id).append(offset, data)
 
     def commit(self, pack_id: str) -> int:
         """Verify the finished transfer and move it into the cache; returns its size.
         A pack that fails verification is deleted and PackCorrupt/ModelMismatch raised."""
-        part = self.path(pack_id, partial=True)
-        data = part.read_bytes()
-        try:
-            if content_id(data) != pack_id:
-                raise PackCorrupt("content hash does not match the pack id")
-            pack = open_pack(data, self.fingerprint)
-            pack.container.verify_payload()
-            damaged = pack.container.first_damaged()
-            if damaged is not None:
-                raise PackCorrupt("checksum mismatch", damaged)
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
-        with open(part, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(part, self.path(pack_id))
-        return len(data)
+        return len(self._part(pack_id).finish(self.path(pack_id),
+                                              lambda data: self._verify(pack_id, data)))
+
+    def _verify(self, pack_id: str, data: bytes) -> None:
+        if content_id(data) != pack_id:
+            raise PackCorrupt("content hash does not match the pack id")
+        pack = open_pack(data, self.fingerprint)
+        pack.container.verify_payload()
+        damaged = pack.container.first_damaged()
+        if damaged is not None:
+            raise PackCorrupt("checksum mismatch", damaged)
 
     def load(self, pack_id: str):
         """The decoded KVContext of a cached pack (checksums verified on every decode)."""

@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 from dataclasses import asdict
 from pathlib import Path
-
-import grpc
 
 from kvedge.common.auth import TokenStore, check_name, write_secret
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import OPTIONS, add_health, principal, rpc_errors
+from kvedge.common.rpc import principal, rpc_errors, serve_grpc
 from kvedge.edge.engine import AskResult, EdgeEngine
 from kvedge.edge.sync import Target
 
@@ -34,7 +31,7 @@ class EdgeService(pb_grpc.EdgeServicer):
                                      strategy=request.strategy or self.default_strategy,
                                      top_k=request.top_k or self.top_k,
                                      max_new_tokens=request.max_new_tokens or self.max_new,
-                                     ratio=request.recompute_ratio or None):
+                                     options=dict(request.options)):
             if isinstance(event, AskResult):
                 yield pb.AskEvent(done=pb.AskDone(**asdict(event)))
             else:
@@ -49,13 +46,9 @@ def serve(engine: EdgeEngine, state_dir: Path, address: str = "127.0.0.1:50052",
     token_file = Path(state_dir) / "edge.token"
     if not token_file.exists():
         write_secret(token_file, tokens.issue("edge-admin", ["*"]))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
-    pb_grpc.add_EdgeServicer_to_server(EdgeService(engine, tokens, **service_options), server)
-    add_health(server, ["kvedge.v1.Edge"])
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
-    server.start()
+    service = EdgeService(engine, tokens, **service_options)
+    server, port = serve_grpc(lambda srv: pb_grpc.add_EdgeServicer_to_server(service, srv),
+                              address, ["kvedge.v1.Edge"])
     if syncer is not None:
         threading.Thread(target=syncer.run, args=(sync_interval,), name="sync", daemon=True).start()
     return server, port

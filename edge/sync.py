@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.common.auth import check_name
+from kvedge.common.fsutil import write_json_atomic
 from kvedge.common.pack.container import read_manifest
 
 log = logging.getLogger("kvedge.sync")
@@ -46,14 +45,6 @@ def manifest_path(state_dir: Path, target: Target) -> Path:
     return Path(state_dir) / "kbs" / target.namespace / f"{name}.json"
 
 
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
 class Syncer:
     def __init__(self, client, cache, state_dir: Path | str, targets: list[Target], detokenize):
         self.client, self.cache = client, cache
@@ -64,14 +55,29 @@ class Syncer:
         self._stop = threading.Event()
 
     def sync_once(self) -> dict[str, int]:
-        """Fetch what is missing for every target; returns packs fetched per target."""
-        fetched = {}
+        """Fetch what is missing for every target; returns packs fetched per target.
+
+        One target failing (removed in the cloud, a corrupt pack) does not keep the others
+        from syncing: every target is tried, the cache re-pinned, then the first failure is
+        raised again (the others are logged)."""
+        fetched, failures = {}, []
         for target in self.targets:
-            fetched[target.key] = self._sync(target)
-        self.cache.pinned = {s["pack_id"] for t in self.targets
-                             for s in (self.local(t) or {}).get("segments", [])}
+            try:
+                fetched[target.key] = self._sync(target)
+            except Exception as err:  # noqa: BLE001 - re-raised below, after the others
+                log.warning("sync of %s failed: %s: %s", target.key, type(err).__name__, err)
+                failures.append(err)
+        self.cache.pinned = self.referenced()
         self.cache.evict()
+        if failures:
+            raise failures[0]
         return fetched
+
+    def referenced(self) -> set[str]:
+        """Packs any local KB manifest names: what the engine may load, so what stays pinned
+        (a KB this edge no longer serves keeps answering from its last sync)."""
+        return {seg["pack_id"] for path in (self.state_dir / "kbs").glob("*/*.json")
+                for seg in json.loads(path.read_text())["segments"]}
 
     def _sync(self, target: Target) -> int:
         info = self.client.get_kb(target.namespace, target.kb, target.variant)
@@ -92,7 +98,7 @@ class Syncer:
                              "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,
                              "fp16_bytes": seg.fp16_bytes,
                              "text": self.detokenize(manifest.token_ids)})
-        _write_json(manifest_path(self.state_dir, target),
+        write_json_atomic(manifest_path(self.state_dir, target),
                     {"namespace": target.namespace, "kb": target.kb, "variant": target.variant,
                      "fingerprint": info.model_fingerprint, "mode": info.mode,
                      "segments": segments})

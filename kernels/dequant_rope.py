@@ -5,7 +5,7 @@ edge needs them rotated to whatever positions the composed prompt gives them (A3
 Doing both in one kernel reads each packed byte once and writes the runtime's cache layout —
 per head (n, D) float, keys rotated — directly. Values take the same path without rotation.
 
-Layout (kvedge.common.pack.quant): packed (n, W) uint8, W = D / codes per byte (8 // bits, or
+Layout (kvedge.kernels.quant): packed (n, W) uint8, W = D / codes per byte (8 // bits, or
 1 for int3), planar — byte j of a row holds channels j, j + W, j + 2W, ... at bit offsets
 0, bits, 2·bits, ...; scale and zero fp16, (ceil(n/G), D) per channel or (n, ceil(D/G)) per token.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvedge.common.pack.quant import QuantizedTensor
+from kvedge.kernels.quant import QuantizedTensor
 from kvedge.kernels.rope import rope_reference, use_triton
 
 

@@ -3,7 +3,7 @@ import json
 
 from click.testing import CliRunner
 
-from kvedge.bench.__main__ import bench, preset
+from kvedge.bench.cli import bench, preset
 from kvedge.bench.datasets import demo_kb_items
 from kvedge.bench.report import load
 from kvedge.bench.runner import run_grid
@@ -76,7 +76,7 @@ def test_cells_and_overrides():
     import click
     import pytest
 
-    from kvedge.bench.__main__ import apply_overrides
+    from kvedge.bench.cli import apply_overrides
 
     p = preset("tasks", "tiny-llama")
     cells = p.cells()
@@ -104,6 +104,25 @@ def test_cli_refuses_unknown_names_before_loading_a_model(tmp_path):
     out = CliRunner().invoke(bench, ["run", "--tasks", "nope", "--out", str(tmp_path)])
     assert out.exit_code != 0 and "unknown task nope" in out.output
     assert not (tmp_path / "results.jsonl").exists()
+    out = CliRunner().invoke(bench, ["run", "--codec", "int5", "--out", str(tmp_path)])
+    assert out.exit_code != 0 and "unknown codec" in out.output
+
+
+def test_a_cells_key_names_its_codec_and_older_results_still_count(tmp_path):
+    from dataclasses import asdict
+
+    from kvedge.bench.runner import LEGACY_CODEC, done_keys
+
+    p = preset("quick", "tiny-llama")
+    assert not {c.key for c in p.cells("fp16")} & {c.key for c in p.cells("int8")}
+    cell = p.cells(LEGACY_CODEC)[0]
+    old = {k: v for k, v in asdict(cell).items() if k != "codec"}  # written before the codec
+    old["key"] = cell.key.rsplit("/", 1)[0]                          # joined the key
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(old) + "\n" + json.dumps({**asdict(cell), "key": cell.key})
+                       + "\n")
+    assert done_keys(results) == {cell.key}
+    assert len(run_grid(p, results, lambda c: {}, codec="int8")) == len(p.cells("int8"))
 
 
 def test_questions_are_asked_with_their_own_instruction_and_budget():

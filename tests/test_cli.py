@@ -1,4 +1,5 @@
 """The console commands, through click's runner (same code as the installed scripts)."""
+import pytest
 from click.testing import CliRunner
 
 from kvedge.cloud.cli import kvctl
@@ -32,3 +33,46 @@ def test_kvedge_generate_streams_text():
                                            "--max-new-tokens", "5"])
     assert out.exit_code == 0, out.output
     assert "[5 tokens" in out.output or "tokens," in out.output
+
+
+def test_json_output_is_snake_case_with_int64_as_numbers():
+    from kvedge.common.cli import proto_dict
+    from kvedge.common.proto import kvedge_pb2 as pb
+
+    info = pb.KBInfo(namespace="ns", kb="kb", n_tokens=2**40, segments=[
+        pb.SegmentInfo(index=1, pack_id="ab", pack_bytes=123, fp16_bytes=456)])
+    d = proto_dict(info)
+    assert d["n_tokens"] == 2**40 and d["segments"][0]["pack_bytes"] == 123
+    assert d["variants"] == [] and d["error"] == "" and "nTokens" not in d
+    assert proto_dict(pb.AskRequest(options={"ratio": "0.2"}))["options"] == {"ratio": "0.2"}
+
+
+def test_registry_options_are_choices_and_opts_parse():
+    import click
+
+    from kvedge.common.cli import parse_options
+
+    out = CliRunner().invoke(kvedge_main, ["serve", "--kb", "x", "--strategy", "telepathy"])
+    assert out.exit_code == 2 and "'telepathy' is not one of" in out.output
+    assert "a3" in out.output and "recompute" in out.output
+    assert parse_options(["ratio=0.3", " k = 7 "]) == {"ratio": "0.3", "k": "7"}
+    with pytest.raises(click.BadParameter):
+        parse_options(["ratio"])
+
+
+def test_kvctl_help_names_what_it_does():
+    out = CliRunner().invoke(kvctl, ["--help"])
+    assert out.exit_code == 0
+    for command in ("upload", "kb", "job", "ask", "cloud", "pack", "model", "demo", "bench"):
+        assert f"\n  {command} " in out.output, command
+
+
+def test_the_command_lines_start_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, kvedge.cloud.cli, kvedge.edge.cli; "
+            "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -3,15 +3,19 @@
 A tiny random model keeps it fast; test_smollm2_answers checks a real answer.
 """
 import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+import torch
+from click.testing import CliRunner
 
-from kvedge.cloud.catalog import NotFound
-from kvedge.cloud.client import CloudClient
+from kvedge.common.errors import NotFound
+from kvedge.common.cloud_client import CloudClient
 from kvedge.cloud.gateway import GatewayConfig, serve
-from kvedge.cloud.ingest import BadInput
+from kvedge.common.errors import BadInput
 from kvedge.cloud.workers import start_ray
 from kvedge.common.auth import InvalidName, PermissionDenied, TokenStore, Unauthenticated
 from kvedge.common.errors import ModelMismatch
@@ -19,11 +23,14 @@ from kvedge.common.models import load_model
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.rpc import metadata
-from kvedge.edge.client import EdgeClient
+from kvedge.common.edge_client import EdgeClient
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.server import serve as serve_edge
-from kvedge.edge.strategies import STRATEGIES, UnknownStrategy
+from kvedge.cloud.cli import kvctl
+from kvedge.common.errors import InvalidOption
+from kvedge.common.registry import option
+from kvedge.edge.strategies import STRATEGIES, Plan, ReuseStrategy, UnknownStrategy, assemble_cache
 from kvedge.edge.sync import Syncer, Target
 
 MODEL = "tiny-llama"
@@ -259,9 +266,85 @@ def test_ask_streams_an_answer_with_timings(edge, strategy):
     local = edge["syncer"].local(Target("default", "served"))["segments"]
     n_context = sum(local[i]["n_tokens"] for i in done.segments)
     epic = sum(min(n, 40) for n in (local[i]["n_tokens"] for i in done.segments))
+    overflow = min(16, n_context)  # sparsex: the block before the question
     expected = {"recompute": n_context, "a3": round(0.15 * n_context),
-                "cacheblend": round(0.15 * n_context), "epic": epic}.get(strategy, 0)
+                "cacheblend": round(0.15 * n_context), "epic": epic,
+                "sparsex": min(round(0.15 * n_context), n_context - overflow) + overflow,
+                }.get(strategy, 0)
     assert done.recomputed_tokens == expected
+
+
+@dataclass
+class FirstTokens(ReuseStrategy):
+    """A toy strategy with one knob, as a new strategy would be written: recompute the first
+    `k` context tokens at full depth, reuse the rest."""
+
+    k: int = option(3, 0, None, "context tokens recomputed from the start")
+
+    name = "toy-first"
+
+    def plan(self, rt, composed, reserve):
+        cache = assemble_cache(rt, composed, reserve=len(composed.question_ids) + reserve)
+        first = torch.arange(composed.n_prefix, composed.n_prefix + min(self.k, composed.n_context))
+        positions = torch.cat([first, composed.question_positions()])
+        return Plan(cache, torch.tensor(composed.all_ids())[positions], positions,
+                    recomputed=first.numel())
+
+
+@pytest.fixture()
+def toy_strategy():
+    STRATEGIES.register(FirstTokens)
+    yield FirstTokens
+    STRATEGIES.unregister(FirstTokens.name)
+
+
+def test_a_new_strategy_and_its_knob_need_no_plumbing(edge, toy_strategy):
+    """One class + one registration: asked by name over gRPC, its option checked and used."""
+    with EdgeClient(edge["address"], edge["token"]) as c:
+        ask = lambda **opts: list(c.ask("default", "served", "What is the alpha code?",  # noqa
+                                        strategy="toy-first", top_k=2, max_new_tokens=2,
+                                        options=opts))[-1]
+        assert ask().recomputed_tokens == 3
+        assert ask(k=7).recomputed_tokens == 7
+        assert ask(k="0").recomputed_tokens == 0
+        with pytest.raises(InvalidOption, match="'k' must be in"):
+            ask(k=-1)
+        with pytest.raises(InvalidOption, match="must be int"):
+            ask(k="seven")
+        with pytest.raises(InvalidOption, match="no option 'ratio'"):
+            ask(ratio=0.5)
+
+
+def test_strategy_options_reach_a3_and_bad_ones_are_invalid_argument(edge):
+    with EdgeClient(edge["address"], edge["token"]) as c:
+        def recomputed(**opts):
+            done = list(c.ask("default", "served", "What is the alpha code?", strategy="a3",
+                              top_k=2, max_new_tokens=2, options=opts))[-1]
+            n = sum(edge["syncer"].local(Target("default", "served"))["segments"][i]["n_tokens"]
+                    for i in done.segments)
+            return done.recomputed_tokens, n
+
+        got, n = recomputed(ratio=0.5)
+        assert got == round(0.5 * n)
+        assert recomputed(ratio=0)[0] == 0  # 0 means 0, not "the default"
+        request = pb.AskRequest(namespace="default", kb="served", question="q?", strategy="a3",
+                                options={"ratio": "7"})
+        with pytest.raises(grpc.RpcError) as err:
+            list(c.stub.Ask(request, metadata=metadata(edge["token"]), timeout=60))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith("InvalidOption: 'a3' option 'ratio' must be in")
+
+
+def test_kvctl_ask_json_is_snake_case_with_numbers(edge):
+    out = CliRunner().invoke(kvctl, ["ask", "What is the alpha code?", "--kb", "served",
+                                     "--edge", edge["address"], "--token", edge["token"],
+                                     "--strategy", "a3", "--opt", "ratio=0.5", "--top-k", "2",
+                                     "--max-new-tokens", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    done = json.loads(out.output)
+    assert done["strategy"] == "a3" and done["recomputed_tokens"] > 0
+    assert isinstance(done["bytes_loaded"], int) and isinstance(done["segments"], list)
+    assert "bytesLoaded" not in done
 
 
 def test_ask_errors_are_named(edge):

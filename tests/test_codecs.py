@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from kvedge.common.pack.codecs import (CacheGen, IntCodec, Role, Zstd, codec_names, get_codec)
-from kvedge.common.pack.errors import UnknownCodec
-from kvedge.common.pack.quant import QuantizedTensor, pack_codes, quantize, unpack_codes
+from kvedge.common.pack.codecs import (CacheGen, IntCodec, Role, Zstd, codec_names, get_codec,
+                                       parse_spec)
+from kvedge.common.pack.errors import InvalidCodecOption, UnknownCodec
+from kvedge.kernels.quant import QuantizedTensor, pack_codes, quantize, unpack_codes
 
 # relative L2 error bound per base codec on Gaussian data (per-token worst case)
 BOUNDS = {"fp32": 1e-7, "fp16": 1e-3, "bf16": 1e-2, "int8": 0.02, "int4": 0.2, "int3": 0.4,
@@ -128,6 +129,30 @@ def test_registry():
             get_codec(bad)
     with pytest.raises(UnknownCodec, match="options"):
         get_codec("fp16", group=3)
+
+
+def test_options_from_a_command_line_are_converted_and_checked():
+    spec, options = parse_spec("cachegen+zstd:recent=0,layer_bits=((0.5,4),(1.0,2))")
+    codec = get_codec(spec, **options)
+    assert codec.name == "cachegen+zstd"
+    assert codec.inner.recent == 0 and codec.inner.layer_bits == ((0.5, 4), (1.0, 2))
+    assert get_codec("int4", key_group="16").key_group == 16
+    for bad in ({"key_group": "0"}, {"key_group": "x"}):
+        with pytest.raises(InvalidCodecOption, match="key_group"):
+            get_codec("int4", **bad)
+    with pytest.raises(InvalidCodecOption, match="layer_bits"):
+        get_codec("cachegen", layer_bits="((")
+
+
+def test_the_default_codec_is_read_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from kvedge.common.pack.codecs import DEFAULT_CODEC; "
+            "print(DEFAULT_CODEC, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [get_codec(out[0]).name, "False"]  # a registered codec, and no torch
 
 
 def test_allocate_layer_bits_spends_the_budget_on_sensitive_layers():

@@ -7,7 +7,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kvedge.common.pack.codecs import Role, get_codec  # noqa: E402
-from kvedge.common.pack.quant import quantize  # noqa: E402
+from kvedge.kernels.quant import quantize  # noqa: E402
 from kvedge.kernels.dequant_rope import (dequant_rope, dequant_rope_reference,  # noqa: E402
                                          dequant_rope_triton)
 from kvedge.kernels.rope import rope_reference  # noqa: E402

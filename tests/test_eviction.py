@@ -20,7 +20,10 @@ def context(rt, n=120, seed=0):
                                 tokenizer_id="t")
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+EVICTING = sorted(m for m in METHODS if m != "none")  # `none` keeps all: tested on its own
+
+
+@pytest.mark.parametrize("name", EVICTING)
 @pytest.mark.parametrize("budget", [0.1, 0.5])
 def test_every_method_keeps_exactly_its_budget_and_the_sinks(name, budget):
     rt = tiny_runtime("tiny-llama")
@@ -36,6 +39,40 @@ def test_every_method_keeps_exactly_its_budget_and_the_sinks(name, budget):
     again = get_method(name, budget).evict(rt, ctx)
     assert all(torch.equal(a, b) for la, lb in zip(result.kept, again.kept)
                for a, b in zip(la, lb))
+
+
+def test_none_keeps_every_pair_whatever_the_budget():
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, n=40)
+    small = evict_context(rt, ctx, "contrastkv", 0.5)
+    for whole in (ctx, small):
+        same = evict_context(rt, whole, "none", 0.1)
+        assert all(torch.equal(a, b) for la, lb in zip(same.kept_positions, whole.kept_positions)
+                   for a, b in zip(la, lb))
+        assert all(torch.equal(a, b) for la, lb in zip(same.keys, whole.keys)
+                   for a, b in zip(la, lb))
+
+
+def test_scores_once_then_keep_each_budget_is_evict():
+    """The benchmark's path (score a context once, keep several budgets) is `evict`'s."""
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, seed=5)
+    scores = get_method("kvzip", 0.5).scores(rt, ctx)
+    for budget in (0.5, 0.2):
+        method = get_method("kvzip", budget)
+        assert all(torch.equal(a, b) for la, lb in zip(method.keep(scores, ctx),
+                                                       method.evict(rt, ctx).kept)
+                   for a, b in zip(la, lb))
+
+
+def test_method_options_come_from_the_registry_checked():
+    from kvedge.common.errors import InvalidOption
+
+    assert get_method("contrastkv", 0.2, beta="0.1", t_neg="32").t_neg == 32  # a CLI's strings
+    with pytest.raises(InvalidOption, match="beta"):
+        get_method("contrastkv", 0.2, beta=0.9)
+    with pytest.raises(InvalidOption, match="no option"):
+        get_method("kvzip", 0.2, gamma=0.1)
 
 
 def test_adaptive_methods_spread_budgets_unevenly_and_uniform_ones_do_not():

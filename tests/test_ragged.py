@@ -64,7 +64,7 @@ def test_ragged_cache_holds_only_kept_tokens():
     dense = rt.dense_cache(res.keys, res.values, torch.arange(64))
     assert cache_nbytes(ragged) * 4 < cache_nbytes(dense)  # ~20% kept → ~5× fewer bytes
     for layer in ragged:  # no buffer has room for the full length
-        assert all(head.k.shape[1] < 64 for head in layer.heads)
+        assert all(head.k.shape[1] < 64 for head in layer.head_buffers)
 
 
 def test_ragged_decode_appends_to_every_head_and_recompute_skips_evicted():
@@ -77,8 +77,8 @@ def test_ragged_decode_appends_to_every_head_and_recompute_skips_evicted():
     run = torch.tensor([7, 9, 20, 21])  # 9 is evicted from head 0: its fresh K/V is not re-added
     out = rt.forward(ids[[7, 9, 20, 21]], run, cache)
     assert torch.isfinite(out.logits).all()
-    assert cache[0].heads[0].positions.tolist() == [0, 1, 7, 20, 21]
-    assert cache[0].heads[1].positions.tolist() == list(range(22))
+    assert cache[0].head_buffers[0].positions.tolist() == [0, 1, 7, 20, 21]
+    assert cache[0].head_buffers[1].positions.tolist() == list(range(22))
 
 
 def test_blind_query_gets_zero_not_nan():

@@ -1,4 +1,6 @@
 """Reuse strategies against the recompute ceiling on a tiny model, through the engine's types."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -7,9 +9,7 @@ from kvedge.common.generate import generate
 from kvedge.common.kvcache import cache_nbytes
 from kvedge.common.pack.context import KVContext
 from kvedge.edge.strategies import STRATEGIES, Composed, get_strategy, UnknownStrategy
-from kvedge.edge.strategies.cacheblend import CacheBlend
 from kvedge.edge.strategies.a3 import A3
-from kvedge.edge.strategies.epic import Epic
 
 
 def composed_prompt(rt, seed=0, sizes=(30, 24, 40)):
@@ -37,10 +37,34 @@ def first_logits_and_tokens(rt, strategy, composed, steps=6):
     return out.logits[-1], tokens, plan
 
 
-@pytest.mark.parametrize("strategy", [A3(ratio=1.0), CacheBlend(ratio=1.0), Epic(tokens=1000)])
-def test_recomputing_everything_equals_the_ceiling(strategy):
+# the option value that makes a selective strategy recompute every context token
+RECOMPUTE_ALL = {"ratio": 1.0, "tokens": 1000}
+SELECTIVE = sorted(name for name, cls in STRATEGIES.items()
+                   if {f.name for f in dataclasses.fields(cls)} & set(RECOMPUTE_ALL))
+
+
+def recompute_all(name):
+    fields = {f.name for f in dataclasses.fields(STRATEGIES[name])}
+    return get_strategy(name, {k: v for k, v in RECOMPUTE_ALL.items() if k in fields})
+
+
+def test_every_strategy_is_a_dataclass_of_checked_options():
+    from kvedge.common.errors import InvalidOption
+    from kvedge.common.registry import describe
+
+    assert SELECTIVE == ["a3", "cacheblend", "epic", "sparsex"]
+    for name, cls in STRATEGIES.items():
+        assert dataclasses.is_dataclass(cls) and cls.name == name
+        assert len(describe(cls)) == len(dataclasses.fields(cls))
+        with pytest.raises(InvalidOption, match="no option"):
+            get_strategy(name, {"no_such_knob": 1})
+
+
+@pytest.mark.parametrize("name", SELECTIVE)
+def test_recomputing_everything_equals_the_ceiling(name):
     """At full ratio every selective strategy is exactly full recompute (the prefix's KV is
     exact, every context token is recomputed at every layer)."""
+    strategy = recompute_all(name)
     rt = tiny_runtime("tiny-llama")
     composed = composed_prompt(rt)
     ceiling, ceiling_tokens, _ = first_logits_and_tokens(rt, get_strategy("recompute"), composed)
@@ -60,7 +84,7 @@ def test_reuse_without_recompute_differs_and_full_reuse_is_worse_than_pie():
     assert (full_reuse - ceiling).abs().max() > (pie - ceiling).abs().max()
 
 
-@pytest.mark.parametrize("name", ["a3", "cacheblend", "epic"])
+@pytest.mark.parametrize("name", SELECTIVE)
 def test_selective_strategies_recompute_a_bounded_subset(name):
     rt = tiny_runtime("tiny-qwen3")
     composed = composed_prompt(rt, seed=2, sizes=(60, 50, 80))
@@ -111,3 +135,34 @@ def test_ragged_segments_assemble_a_smaller_ragged_cache():
 def test_unknown_strategy_is_named():
     with pytest.raises(UnknownStrategy, match="choose one of"):
         get_strategy("oracle")
+
+
+@pytest.mark.parametrize("boundary", [0.0, 0.34])
+def test_sparsex_recomputing_everything_equals_the_ceiling_with_and_without_hybrid(boundary):
+    rt = tiny_runtime("tiny-qwen2")
+    composed = composed_prompt(rt, seed=5)
+    ceiling, ceiling_tokens, _ = first_logits_and_tokens(rt, get_strategy("recompute"), composed)
+    logits, tokens, plan = first_logits_and_tokens(
+        rt, get_strategy("sparsex", {"ratio": 1.0, "boundary": boundary}), composed)
+    assert plan.recomputed == composed.n_context
+    assert (logits - ceiling).abs().max() <= 1e-4 and tokens == ceiling_tokens
+
+
+def test_sparsex_recompute_set_is_topk_plus_overflow_plus_segment_heads():
+    """Alg. 1 lines 14–17 on a 3-segment prompt: R = top-k ∪ the block before the question
+    ∪ the first tokens of every segment; only R (and the question) run after ℓ*."""
+    from kvedge.edge.strategies.sparsex import SparseX, intervals
+
+    assert intervals(torch.tensor([3, 4, 5, 9, 10, 20])) == [(3, 6), (9, 11), (20, 21)]
+    rt = tiny_runtime("tiny-llama")  # 3 layers: boundary 0.34 → ℓ* = 1
+    composed = composed_prompt(rt, seed=6)
+    strategy = SparseX(ratio=0.1, boundary=0.34, block=4, segment_head=2)
+    plan = strategy.plan(rt, composed, reserve=0)
+    out = rt.forward(plan.run_ids, plan.run_positions, plan.cache, plan.active,
+                     observe=plan.observe)
+    context = out.positions[out.positions < composed.question_start]
+    q0 = composed.question_start
+    overflow = set(range(q0 - 4, q0))
+    heads = {off + i for off in composed.offsets for i in range(2)}
+    assert overflow | heads <= set(context.tolist())
+    assert context.numel() == plan.recomputed == round(0.1 * composed.n_context) + len(overflow | heads)

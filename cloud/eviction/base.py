@@ -1,11 +1,16 @@
 """What every query-agnostic eviction method shares: scoring a context's KV once, selecting.
 
 A method scores each cached KV pair — per layer, KV head and token: `score(rt, ctx) →
-[layer] (Hkv, n)` — and the base class keeps the top `budget` fraction, either over all
-pairs at once (adaptive, non-uniform head budgets, as KVzip and ContrastKV do) or per head
-(uniform). Attention sinks and a protected prefix are never evicted. The result is ragged:
-per (layer, head) its own sorted positions, applied with `KVContext.select` so the kept KV
-really is smaller (no masks pretending to evict).
+[layer] (Hkv, n)`, the one override (kvpress's contract) — and the base class keeps the top
+`budget` fraction, either over all pairs at once (adaptive, non-uniform head budgets, as
+KVzip and ContrastKV do) or per head (uniform). Attention sinks and a protected prefix are
+never evicted. The result is ragged: per (layer, head) its own sorted positions, applied with
+`KVContext.select` so the kept KV really is smaller (no masks pretending to evict).
+
+`evict` = `scores` then `keep`; both are public because scores are query-agnostic and
+budget-free: the benchmark scores a context once and keeps several budgets from it. A
+method's hyperparameters are its dataclass fields, declared with `option()` (range, help),
+so the CLI and jobs set them by name through the registry (`registry.METHODS`).
 """
 from __future__ import annotations
 
@@ -16,10 +21,7 @@ from typing import ClassVar
 import torch
 
 from kvedge.common.errors import InvalidRequest
-
-
-class UnknownMethod(InvalidRequest):
-    """No eviction method by that name."""
+from kvedge.common.registry import option, validate
 
 
 @dataclass
@@ -38,23 +40,32 @@ class EvictionResult:
 class EvictionMethod:
     """Base class: subclasses set `name` and implement `score`."""
 
-    budget: float = 0.2
-    sinks: int = 4          # first tokens, never evicted (attention sinks)
-    protect: int = 0        # a protected prefix (e.g. a chat/system prefix), never evicted
+    budget: float = option(0.2, 0.0, 1.0, "fraction of the context's KV pairs kept, in (0, 1]")
+    sinks: int = option(4, 0, None, "first tokens never evicted (attention sinks)")
+    protect: int = option(0, 0, None, "a protected prefix (e.g. a chat prefix), never evicted")
     adaptive: ClassVar[bool] = True   # global top-k across heads (else the same k per head)
     name: ClassVar[str] = ""
 
     def __post_init__(self):
-        if not 0 < self.budget <= 1:
+        if not 0 < self.budget <= 1:  # the option's range is closed; keeping nothing is not
             raise InvalidRequest(f"budget must be in (0, 1], got {self.budget}")
+        validate(self)
 
     def score(self, rt, ctx) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def scores(self, rt, ctx) -> list[torch.Tensor]:
+        """Per layer (Hkv, n) float scores, higher = kept first; independent of the budget."""
+        return [s.float() for s in self.score(rt, ctx)]
+
+    def keep(self, scores: list[torch.Tensor], ctx) -> list[list[torch.Tensor]]:
+        """[layer][head] sorted positions this method keeps at its budget, given `scores`."""
+        return select(scores, ctx, self.budget, self.sinks, self.protect, self.adaptive)
+
     def evict(self, rt, ctx) -> EvictionResult:
         start = time.perf_counter()
-        scores = [s.float() for s in self.score(rt, ctx)]
-        kept = select(scores, ctx, self.budget, self.sinks + 0, self.protect, self.adaptive)
+        scores = self.scores(rt, ctx)
+        kept = self.keep(scores, ctx)
         return EvictionResult(kept, scores, time.perf_counter() - start, self.budget)
 
 

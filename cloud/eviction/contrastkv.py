@@ -21,7 +21,9 @@ import torch
 
 from kvedge.cloud.eviction.base import EvictionMethod
 from kvedge.cloud.eviction.kvzip import positive_scores
+from kvedge.cloud.eviction.registry import METHODS
 from kvedge.cloud.eviction.scoring import context_cache, probe_scores
+from kvedge.common.registry import option
 
 
 def noise_sequence(vocab_size: int, length: int, seed: int) -> list[int]:
@@ -55,14 +57,15 @@ def fuse(pos: torch.Tensor, neg: torch.Tensor, beta: float, gamma: float) -> tor
     return layer_fusion(pos, neg, gated, undecided, gamma)
 
 
+@METHODS.register
 @dataclass
 class ContrastKV(EvictionMethod):
-    beta: float = 0.05
-    gamma: float = 0.12
-    t_neg: int = 64
-    seed: int = 0
-    chunk: int = 2048
-    seed_tokens: int = 8
+    beta: float = option(0.05, 0.0, 0.5, "quantile β of the head-level gating (Eq. 9)")
+    gamma: float = option(0.12, 0.0, None, "weight γ of the layer-level boost (Eq. 10)")
+    t_neg: int = option(64, 1, None, "noise tokens of the negative signal (Sec. 4.1)")
+    seed: int = option(0, help="seed of the noise sequence")
+    chunk: int = option(2048, 1, None, "context tokens reconstructed per probe")
+    seed_tokens: int = option(8, 0, None, "tokens of the previous chunk leading the next")
 
     name = "contrastkv"
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvedge.cloud.eviction.base import EvictionMethod
+from kvedge.cloud.eviction.registry import METHODS
 from kvedge.cloud.eviction.scoring import context_cache, merge_max, probe_scores
+from kvedge.common.registry import option
 
 REPEAT = "Repeat the previous context exactly."
 
@@ -36,10 +38,11 @@ def positive_scores(rt, ctx, chunk: int = 2048, seed_tokens: int = 8):
     return merge_max([probe_scores(rt, cache, ctx.n_tokens, p) for p in prompts])
 
 
+@METHODS.register
 @dataclass
 class KVzip(EvictionMethod):
-    chunk: int = 2048
-    seed_tokens: int = 8
+    chunk: int = option(2048, 1, None, "context tokens reconstructed per probe")
+    seed_tokens: int = option(8, 0, None, "tokens of the previous chunk leading the next")
 
     name = "kvzip"
 

@@ -13,15 +13,18 @@ from typing import ClassVar
 import torch.nn.functional as F
 
 from kvedge.cloud.eviction.base import EvictionMethod
+from kvedge.cloud.eviction.registry import METHODS
 from kvedge.cloud.eviction.scoring import context_cache, probe_scores
+from kvedge.common.registry import option
 
 PROXY = "What are the key facts in the text above? Answer the question about them."
 
 
+@METHODS.register
 @dataclass
 class SnapKV(EvictionMethod):
-    kernel: int = 7
-    proxy: str = PROXY
+    kernel: int = option(7, 1, None, "odd width of the max-pooling over neighbouring tokens")
+    proxy: str = option(PROXY, help="the generic question whose tokens vote")
 
     name = "snapkv"
     adaptive: ClassVar[bool] = False

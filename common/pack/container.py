@@ -20,9 +20,8 @@ the payload hash in the header then catches what no tensor owns (the safetensors
 from __future__ import annotations
 
 import json
-import os
+import re
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from kvedge.common.pack.manifest import SUPPORTED_VERSIONS, Manifest
 MAGIC = b"KVEPACK\0"
 _HEADER = struct.Struct("<8sIIQQ32s32s")
 HEADER_SIZE = _HEADER.size  # 96
+PACK_ID = re.compile(r"^[0-9a-f]{64}$")  # a pack's name: the hex blake3 of its bytes
 # safetensors dtype names → bytes per element (what a payload part may be)
 DTYPE_SIZES = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 
@@ -74,27 +74,6 @@ def assemble(manifest_bytes: bytes, payload: bytes, version: int) -> bytes:
     header = _HEADER.pack(MAGIC, version, 0, len(manifest_bytes), len(payload),
                           blake3.blake3(manifest_bytes).digest(), blake3.blake3(payload).digest())
     return header + manifest_bytes + payload
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder + fsync + rename: readers see the whole pack or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 # ---------------------------------------------------------------------- reading

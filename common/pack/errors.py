@@ -6,13 +6,16 @@ one place.
 """
 from __future__ import annotations
 
-from kvedge.common.errors import KvedgeError, ModelMismatch
+from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, ModelMismatch
 
-__all__ = ["PackError", "PackCorrupt", "PackVersionError", "UnknownCodec", "ModelMismatch"]
+__all__ = ["PackError", "PackCorrupt", "PackVersionError", "UnknownCodec", "InvalidCodecOption",
+           "ModelMismatch"]
 
 
 class PackError(KvedgeError):
     """Base class of every pack failure (except ModelMismatch, which is the runtime's)."""
+
+    status = "DATA_LOSS"
 
 
 class PackCorrupt(PackError):
@@ -20,6 +23,8 @@ class PackCorrupt(PackError):
 
     `tensor` names the payload tensor that failed (None when the header or manifest did).
     """
+
+    tensor: str | None = None
 
     def __init__(self, what: str, tensor: str | None = None):
         self.tensor = tensor
@@ -31,11 +36,22 @@ class PackCorrupt(PackError):
 class PackVersionError(PackError):
     """The pack was written by a format version this reader does not know."""
 
+    found: int | None = None
+
     def __init__(self, found: int, supported: tuple[int, ...]):
         self.found = found
         super().__init__(f"pack format version {found} is not supported (this kvedge reads "
                          f"{list(supported)}); upgrade kvedge or re-encode the pack")
 
 
-class UnknownCodec(PackError):
-    """A codec name is not registered (a typo when writing, or a newer pack when reading)."""
+class UnknownCodec(PackError, InvalidRequest):
+    """A codec name is not registered (a typo when writing, or a newer pack when reading).
+
+    Asked for by a client it is that client's error (INVALID_ARGUMENT), not lost data."""
+
+    status = "INVALID_ARGUMENT"
+
+
+class InvalidCodecOption(UnknownCodec, InvalidOption):
+    """A codec option that does not exist or is out of range: like an unknown name, the spec
+    describes no codec this kvedge can build (caught as either)."""

@@ -18,15 +18,15 @@ import safetensors.torch
 import torch
 import zstandard
 
-from kvedge.common.pack.codecs import Codec, FloatCodec, Piece, Role, get_codec
+from kvedge.common.fsutil import write_atomic
+from kvedge.common.pack.codecs import (DEFAULT_CODEC, Codec, FloatCodec, Piece, Role,
+                                       get_codec)
 from kvedge.common.pack.container import (Container, RawPart, assemble, open_container,
-                                          pack_id, parse_safetensors, tensor_checksum,
-                                          write_atomic)
+                                          pack_id, parse_safetensors, tensor_checksum)
 from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.errors import ModelMismatch, PackCorrupt
 from kvedge.common.pack.manifest import FORMAT_VERSION, Manifest, TensorEntry, kv_name
 
-DEFAULT_CODEC = "int4+zstd"
 _TORCH_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16,
                  "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
                  "I64": torch.int64}

@@ -15,7 +15,7 @@ import torch
 from kvedge.common.pack.codecs import Piece
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
-from kvedge.common.pack.quant import QuantizedTensor
+from kvedge.kernels.quant import QuantizedTensor
 from kvedge.kernels.dequant_rope import dequant_rope
 from kvedge.kernels.rope import apply_rope_at
 

@@ -267,22 +267,29 @@ class JobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
 
 class AskRequest(_message.Message):
-    __slots__ = ("namespace", "kb", "question", "strategy", "top_k", "max_new_tokens", "recompute_ratio")
+    __slots__ = ("namespace", "kb", "question", "strategy", "top_k", "max_new_tokens", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KB_FIELD_NUMBER: _ClassVar[int]
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    RECOMPUTE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     kb: str
     question: str
     strategy: str
     top_k: int
     max_new_tokens: int
-    recompute_ratio: float
-    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., question: _Optional[str] = ..., strategy: _Optional[str] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., recompute_ratio: _Optional[float] = ...) -> None: ...
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., question: _Optional[str] = ..., strategy: _Optional[str] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AskDone(_message.Message):
     __slots__ = ("answer", "ttft_s", "tpot_s", "tokens", "segments", "bytes_loaded", "fp16_bytes", "strategy", "prompt_tokens", "recomputed_tokens")

@@ -13,7 +13,9 @@ from typing import ClassVar
 
 import torch
 
-from kvedge.common.kvcache import DenseKV, RaggedKV
+from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
+from kvedge.common.registry import validate
+from kvedge.common.runtime import ActivePlan, Observer
 
 
 @dataclass
@@ -58,18 +60,24 @@ class Composed:
 
 @dataclass
 class Plan:
-    cache: list
-    run_ids: torch.Tensor
-    run_positions: torch.Tensor
-    active: object = None          # None, a list per layer, or a callable plan
-    recomputed: int = 0            # context tokens recomputed at full depth
-    observe: object = None         # runtime observer the plan needs (selection strategies)
+    cache: list[LayerKV]
+    run_ids: torch.Tensor               # (N,) tokens run at layer 0
+    run_positions: torch.Tensor         # (N,) their positions, strictly increasing
+    active: ActivePlan | None = None    # per-layer positions, or decided layer by layer
+    recomputed: int = 0                 # context tokens recomputed at full depth
+    observe: Observer | None = None     # what the plan watches while it runs (selection)
 
 
+@dataclass
 class ReuseStrategy:
-    """Base class: subclasses set `name` and implement `plan`."""
+    """Base class: a dataclass whose fields are the strategy's options (`option(...)`, with
+    their ranges and help); subclasses set `name`, register with `@STRATEGIES.register` and
+    implement `plan`."""
 
     name: ClassVar[str] = ""
+
+    def __post_init__(self):
+        validate(self)
 
     def plan(self, rt, composed: Composed, reserve: int) -> Plan:
         raise NotImplementedError
@@ -116,47 +124,3 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
         else:
             layers.append(RaggedKV(heads_k, heads_v, heads_pos, reserve))
     return layers
-
-
-class ShallowSelection(ReuseStrategy):
-    """Recompute a ratio of the context chosen at a shallow layer (A3, CacheBlend).
-
-    Every context token and the question run through blocks 0..`score_layer`; there
-    `score()` rates each context token, the top `ratio · n` are kept and, with the question,
-    are the only tokens run from `score_layer + 1` on. Subclasses implement `score` only.
-    """
-
-    ratio: float = 0.15
-    score_layer: ClassVar[int] = 1
-
-    def before(self, rt, composed: Composed, cache) -> object:
-        """State `score` needs from the cache before recompute overwrites it (optional)."""
-        return None
-
-    def score(self, rt, composed: Composed, state, q: torch.Tensor, q_pos: torch.Tensor,
-              cache_layer) -> torch.Tensor:
-        """Scores (n_context,) of the context tokens, at `score_layer`."""
-        raise NotImplementedError
-
-    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
-        if not 0 <= self.ratio <= 1:
-            raise ValueError(f"recompute ratio must be in [0, 1], got {self.ratio}")
-        cache = assemble_cache(rt, composed, realign=True,
-                               reserve=len(composed.question_ids) + reserve)
-        state = self.before(rt, composed, cache)
-        start, question = composed.n_prefix, composed.question_positions()
-        budget = round(self.ratio * composed.n_context)
-        chosen: list[torch.Tensor] = []
-
-        def observe(layer, q, q_pos, cache_layer):
-            if layer == self.score_layer and not chosen:
-                scores = self.score(rt, composed, state, q, q_pos, cache_layer)
-                top = torch.topk(scores, min(budget, scores.numel())).indices
-                chosen.append(torch.sort(top + start).values)
-
-        def active(layer, current):
-            return None if layer <= self.score_layer else torch.cat([chosen[0], question])
-
-        run_pos = torch.arange(start, composed.question_start + len(question))
-        run_ids = torch.tensor(composed.context_ids + composed.question_ids)
-        return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)

@@ -11,33 +11,28 @@ from dataclasses import dataclass
 
 import torch
 
-from kvedge.common.kvcache import DenseKV
-from kvedge.edge.strategies.base import ShallowSelection
+from kvedge.edge.strategies.registry import STRATEGIES
+from kvedge.edge.strategies.shallow import ShallowSelection
 
 
 def values_by_position(cache_layer) -> torch.Tensor:
     """Values as (Hkv, max_pos + 1, D), indexed by position; zeros where a head holds none."""
-    if isinstance(cache_layer, DenseKV):
-        _, v, pos = cache_layer.view()
-        out = torch.zeros(v.shape[0], int(pos.max()) + 1, v.shape[-1])
-        out[:, pos] = v.float()
-        return out
-    views = [h.view() for h in cache_layer.heads]
-    top = max(int(pos.max()) for _, _, pos in views if pos.numel()) + 1
-    out = torch.zeros(len(views), top, views[0][1].shape[-1])
-    for h, (_, v, pos) in enumerate(views):
-        out[h, pos] = v[0].float()
+    groups = cache_layer.heads()
+    n_kv = sum(g.values.shape[0] for g in groups)
+    top = max((int(g.positions.max()) for g in groups if g.positions.numel()), default=-1) + 1
+    out = torch.zeros(n_kv, top, groups[0].values.shape[-1])
+    for g in groups:
+        out[g.kv_heads, g.positions] = g.values.float()
     return out
 
 
+@STRATEGIES.register
 @dataclass
 class CacheBlend(ShallowSelection):
-    ratio: float = 0.15
-
     name = "cacheblend"
 
     def before(self, rt, composed, cache):
-        return values_by_position(cache[self.score_layer])  # the reused (stale) values
+        return values_by_position(cache[self.layer])  # the reused (stale) values
 
     def score(self, rt, composed, stale, q, q_pos, cache_layer):
         fresh = values_by_position(cache_layer)

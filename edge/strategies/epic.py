@@ -7,12 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
+from kvedge.common.registry import option
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.edge.strategies.registry import STRATEGIES
 
 
+@STRATEGIES.register
 @dataclass
 class Epic(ReuseStrategy):
-    tokens: int = 20
+    tokens: int = option(20, 0, None, "tokens recomputed at each end of every segment")
 
     name = "epic"
 

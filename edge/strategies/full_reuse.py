@@ -5,11 +5,15 @@ positions 0..n-1 they were prefilled at, whatever their place in the prompt.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from kvedge.edge.strategies.pie import Pie
+from kvedge.edge.strategies.registry import STRATEGIES
 
 
+@STRATEGIES.register
+@dataclass
 class FullReuse(Pie):
     name = "full-reuse"
     realign: ClassVar[bool] = False

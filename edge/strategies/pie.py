@@ -2,11 +2,15 @@
 rotated to their positions in the composed prompt (A3 Eq. 2), nothing recomputed."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.edge.strategies.registry import STRATEGIES
 
 
+@STRATEGIES.register
+@dataclass
 class Pie(ReuseStrategy):
     name = "pie"
     realign: ClassVar[bool] = True

@@ -1,11 +1,16 @@
 """`recompute`: full prefill of the composed prompt — the quality ceiling and the speed baseline."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy
+from kvedge.edge.strategies.registry import STRATEGIES
 
 
+@STRATEGIES.register
+@dataclass
 class Recompute(ReuseStrategy):
     name = "recompute"
 

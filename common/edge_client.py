@@ -1,7 +1,9 @@
-"""Client of an edge daemon: ask a question, get the answer streamed, then its timings."""
+"""Client of an edge daemon: ask a question, get the answer streamed, then its timings.
+
+In common because kvctl (the cloud tier's CLI), the demo and the benchmark all ask edges."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import grpc
 
@@ -16,11 +18,13 @@ class EdgeClient(RpcClient):
         self.stub = pb_grpc.EdgeStub(self._channel)
 
     def ask(self, namespace: str, kb: str, question: str, *, strategy: str = "", top_k: int = 0,
-            max_new_tokens: int = 0, ratio: float = 0.0,
+            max_new_tokens: int = 0, options: Mapping[str, object] | None = None,
             timeout: float = 600) -> Iterator[str | pb.AskDone]:
-        """Yield answer pieces (str) and finally the AskDone with timings."""
+        """Yield answer pieces (str) and finally the AskDone with timings. `options` are the
+        strategy's, by name (values sent as strings; the edge checks and converts them)."""
         request = pb.AskRequest(namespace=namespace, kb=kb, question=question, strategy=strategy,
-                                top_k=top_k, max_new_tokens=max_new_tokens, recompute_ratio=ratio)
+                                top_k=top_k, max_new_tokens=max_new_tokens,
+                                options={k: str(v) for k, v in (options or {}).items()})
         try:
             for event in self.stub.Ask(request, metadata=metadata(self.token), timeout=timeout):
                 yield event.done if event.HasField("done") else event.text

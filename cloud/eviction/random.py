@@ -7,11 +7,14 @@ from typing import ClassVar
 import torch
 
 from kvedge.cloud.eviction.base import EvictionMethod
+from kvedge.cloud.eviction.registry import METHODS
+from kvedge.common.registry import option
 
 
+@METHODS.register
 @dataclass
 class RandomEviction(EvictionMethod):
-    seed: int = 0
+    seed: int = option(0, help="seed of the choice")
 
     name = "random"
     adaptive: ClassVar[bool] = False

@@ -7,8 +7,10 @@ from typing import ClassVar
 import torch
 
 from kvedge.cloud.eviction.base import EvictionMethod
+from kvedge.cloud.eviction.registry import METHODS
 
 
+@METHODS.register
 @dataclass
 class StreamingLLM(EvictionMethod):
     name = "streamingllm"

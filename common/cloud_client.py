@@ -1,49 +1,21 @@
-"""Client of the cloud gateway: resumable uploads, catalog calls, resumable pack fetch."""
+"""Client of the cloud gateway: resumable uploads, catalog calls, resumable pack fetch.
+
+In common because both kvctl (uploads, jobs) and the edge's syncer (catalog, pack fetch) use it."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
 
-from kvedge.cloud.ingest import TEXT_SUFFIXES, BadInput
+from kvedge.common.errors import BadInput
+from kvedge.common.kbfiles import scan_folder
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import CHUNK, RpcClient, metadata, raise_remote
 
 DEADLINE = 60.0
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    path: str     # relative, with '/' separators
-    full: Path
-    sha256: str
-    size: int
-
-
-def scan_folder(folder: Path | str) -> tuple[list[LocalFile], list[str]]:
-    """(the .txt/.md files under `folder`, hashed; the other files, which are not uploaded).
-    Hidden files and folders are ignored; the gateway still checks every file's content."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise BadInput(f"{folder} is not a folder")
-    files, skipped = [], []
-    for full in sorted(folder.rglob("*")):
-        rel = full.relative_to(folder)
-        if not full.is_file() or any(part.startswith(".") for part in rel.parts):
-            continue
-        if full.suffix.lower() not in TEXT_SUFFIXES:
-            skipped.append(rel.as_posix())
-            continue
-        data = full.read_bytes()
-        files.append(LocalFile(rel.as_posix(), full, hashlib.sha256(data).hexdigest(), len(data)))
-    if not files:
-        raise BadInput(f"{folder} has no {' or '.join(TEXT_SUFFIXES)} files to upload"
-                       + (f" (skipped: {', '.join(skipped[:5])})" if skipped else ""))
-    return files, skipped
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,201 @@
+"""`kvctl bench` (also `python -m kvedge.bench`): run the grid, write the report.
+
+Presets (each a Preset; any field can be overridden from the command line):
+- `quick`: minutes on a 2-core CPU, every path once (CI runs it on a tiny model);
+- `eviction`: every eviction method at 0.5/0.3/0.2/0.1 on demo-KB contexts (docs/eviction.md);
+- `tasks`: docs/bench.md's grid (~70 min on 2 CPU cores): five generated families at 1K
+  tokens, 5 items — eviction methods (ours and kvpress's) at 0.2/0.1, and every reuse strategy
+  on documents cut into ingest segments;
+- `full`: `eviction` and `tasks` together at 1K and 2K tokens and 0.5/0.3/0.2/0.1 budgets,
+  plus the reuse strategies × ratios on demo-KB prompts (hours on a CPU).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from kvedge.bench.runner import KVPRESS, Preset, run_grid
+from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.pack.codecs import DEFAULT_CODEC
+
+# docs/bench.md's external reference points: a choice among kvpress_ref.PRESSES
+KVPRESS_METHODS = [f"{KVPRESS}{p}" for p in ("full", "kvzip", "snapkv")]
+# families SmolLM2-135M answers well enough with full KV to rank methods on (docs/bench.md);
+# the others (cwe, fwe, kb_multiquery, niah_multiquery) sit near zero on it
+EVICT_TASKS = ["niah_single_prose", "niah_multikey_prose", "niah_multivalue",
+               "variable_tracking", "multidoc_qa"]
+REUSE_TASKS = ["multidoc_qa", "niah_single_prose", "niah_multikey_prose"]
+
+
+def _strategies() -> list[str]:
+    """Every registered reuse strategy, in registration order."""
+    from kvedge.edge.strategies import STRATEGIES
+
+    return list(STRATEGIES)
+
+
+def _methods(kvpress: bool = False) -> list[str]:
+    """The ceiling (`full`), every registered method that evicts, and kvpress's presses."""
+    from kvedge.cloud.eviction import METHODS, NoEviction
+
+    ours = sorted(name for name, cls in METHODS.items() if cls is not NoEviction)
+    return ["full", *ours, *(KVPRESS_METHODS if kvpress else [])]
+
+
+def _eviction(model: str) -> Preset:
+    return Preset(model, [], [], [], [], ["demo-kb"], [6], _methods(), [0.5, 0.3, 0.2, 0.1],
+                  items=10, max_new_tokens=24)
+
+
+def _tasks(model: str) -> Preset:
+    return Preset(model, REUSE_TASKS, [1024], _strategies(), [0.15], EVICT_TASKS, [1024],
+                  _methods(kvpress=True), [0.2, 0.1], items=5, max_new_tokens=24)
+
+
+def preset(name: str, model: str | None) -> Preset:
+    model = model or DEFAULT_MODEL
+    if name == "quick":
+        return Preset(model, ["demo-kb"], [3], ["recompute", "pie", "a3"], [0.15], ["demo-kb"],
+                      [4], ["full", "contrastkv", "kvzip"], [0.2], items=3, max_new_tokens=16)
+    if name == "eviction":
+        return _eviction(model)
+    if name == "tasks":
+        return _tasks(model)
+    if name == "full":
+        ev, tasks = _eviction(model), _tasks(model)
+        demo = replace(ev, reuse_tasks=["demo-kb"], reuse_lengths=[3, 6],
+                       strategies=_strategies(), ratios=[0.05, 0.15, 0.3])
+        return replace(demo, also=[replace(tasks, reuse_lengths=[1024, 2048],
+                                           evict_lengths=[1024, 2048], budgets=ev.budgets)])
+    raise click.BadParameter(f"unknown preset {name!r}; choose one of {PRESETS}")
+
+
+PRESETS = ["quick", "eviction", "tasks", "full"]
+
+
+def _csv(kind=str):
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [kind(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from None
+    return parse
+
+
+def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=None,
+                    budgets=None, strategies=None, ratios=None, items=None,
+                    max_new_tokens=None) -> Preset:
+    """The preset with the command line's choices; `suite` drops the other suite's cells.
+    Tasks, methods and strategies are checked against their registries here, before any
+    model loads."""
+    _check_names(tasks, methods, strategies)
+    p = replace(p, also=[apply_overrides(q, suite=suite, tasks=tasks, lengths=lengths,
+                                         methods=methods, budgets=budgets, strategies=strategies,
+                                         ratios=ratios, items=items,
+                                         max_new_tokens=max_new_tokens) for q in p.also])
+    p = replace(p, **{k: v for k, v in dict(items=items, max_new_tokens=max_new_tokens,
+                                            methods=methods, budgets=budgets,
+                                            strategies=strategies, ratios=ratios).items()
+                      if v is not None})
+    if tasks is not None:
+        p = replace(p, reuse_tasks=tasks, evict_tasks=tasks)
+    if lengths is not None:
+        p = replace(p, reuse_lengths=lengths, evict_lengths=lengths)
+    if suite == "evict":
+        p = replace(p, reuse_tasks=[])
+    elif suite == "reuse":
+        p = replace(p, evict_tasks=[])
+    return p
+
+
+def _check_names(tasks, methods, strategies) -> None:
+    from kvedge.bench.kvpress_ref import PRESSES
+    from kvedge.bench.tasks import TASKS
+    from kvedge.cloud.eviction import METHODS
+    from kvedge.edge.strategies import STRATEGIES as REGISTRY
+
+    known = {"task": ["demo-kb", *TASKS],
+             "method": ["full", *METHODS, *(KVPRESS + p for p in PRESSES)],
+             "strategy": list(REGISTRY)}
+    for kind, names in (("task", tasks), ("method", methods), ("strategy", strategies)):
+        bad = [n for n in names or [] if n not in known[kind]]
+        if bad:
+            raise click.BadParameter(f"unknown {kind} {', '.join(bad)}; known: "
+                                     f"{', '.join(sorted(known[kind]))}")
+
+
+def _check_codec(ctx, param, spec: str) -> str:
+    """A codec the registry knows, refused before any model loads."""
+    from kvedge.common.pack.codecs import get_codec
+    from kvedge.common.pack.errors import UnknownCodec
+
+    try:
+        get_codec(spec)
+    except UnknownCodec as err:
+        raise click.BadParameter(str(err)) from None
+    return spec
+
+
+@click.group("bench")
+def bench():
+    """Benchmark: method × budget grids, tables and plots."""
+
+
+@bench.command("run")
+@click.option("--preset", "preset_name", type=click.Choice(PRESETS), default="quick",
+              show_default=True)
+@click.option("--quick", is_flag=True, help="same as --preset quick")
+@click.option("--model", default=None, help=f"[default: {DEFAULT_MODEL}]")
+@click.option("--out", "out_dir", type=click.Path(), default="bench/results", show_default=True)
+@click.option("--codec", default=DEFAULT_CODEC, show_default=True, callback=_check_codec,
+              help="pack codec of the documents (a cell of another codec is a new cell)")
+@click.option("--suite", type=click.Choice(["evict", "reuse"]), default=None,
+              help="run one suite only")
+@click.option("--tasks", callback=_csv(), help="comma list: demo-kb and generated task names")
+@click.option("--lengths", callback=_csv(int),
+              help="comma list: documents per prompt (demo-kb) or context tokens (generated)")
+@click.option("--methods", callback=_csv(), help="eviction methods (kvpress-* for kvpress's)")
+@click.option("--budgets", callback=_csv(float), help="fractions of KV kept")
+@click.option("--strategies", callback=_csv(), help="reuse strategies")
+@click.option("--ratios", callback=_csv(float), help="recompute ratios of a3/cacheblend")
+@click.option("--items", type=click.IntRange(1), default=None, help="items per cell")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=None,
+              help="decode budget floor (questions with long references get more)")
+def run_cmd(preset_name, quick, model, out_dir, codec, **overrides):
+    """Run every cell not already in OUT/results.jsonl, then write OUT/report.md."""
+    from tqdm import tqdm
+
+    from kvedge.bench.report import write_report
+    from kvedge.bench.suites import Bench
+
+    p = apply_overrides(preset("quick" if quick else preset_name, model), **overrides)
+    out = Path(out_dir)
+    results = out / "results.jsonl"
+    runner = Bench(p.model, max_new_tokens=p.max_new_tokens)
+    rows = run_grid(p, results, runner.run, codec=codec,
+                    progress=lambda cells: tqdm(cells, desc="cells"))
+    click.echo(f"{len(rows)} new cells → {results}")
+    click.echo(f"report: {write_report(results, out)}")
+
+
+@bench.command("tasks")
+def tasks_cmd():
+    """List the generated task families."""
+    from kvedge.bench.tasks import TASKS
+
+    for spec in TASKS.values():
+        click.echo(f"{spec.name:30s} {spec.description}")
+
+
+@bench.command("report")
+@click.option("--out", "out_dir", type=click.Path(exists=True), default="bench/results",
+              show_default=True)
+def report_cmd(out_dir):
+    from kvedge.bench.report import write_report
+
+    click.echo(write_report(Path(out_dir) / "results.jsonl", Path(out_dir)))
+

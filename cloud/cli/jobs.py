@@ -1,0 +1,99 @@
+"""`kvctl job submit|status|list|cancel`: batch compression jobs on the gateway."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kvedge.cloud.cli.connect import cloud_client, with_cloud
+from kvedge.common.cli import RegistryChoice, echo_json, echo_messages, proto_dict
+
+
+def _methods():
+    from kvedge.cloud.eviction import METHODS
+
+    return METHODS
+
+
+def _check_codec(ctx, param, spec):
+    from kvedge.common.errors import InvalidRequest
+    from kvedge.common.pack.codecs import get_codec
+
+    try:
+        get_codec(spec)
+    except InvalidRequest as err:
+        raise click.BadParameter(str(err)) from None
+    return spec
+
+
+def _print_job(job):
+    fails = f", {len(job.failures)} failed" if job.failures else ""
+    click.echo(f"{job.job_id}  {job.status:9s} {job.method}@{job.budget:g} {job.codec:12s} "
+               f"{job.done}/{job.total} contexts{fails}  → variant {job.variant}  "
+               f"kbs {list(job.kbs)}")
+    for f in job.failures:
+        click.echo(f"    {f.kb} segment {f.segment}: {f.error}")
+
+
+@click.group("job")
+def job_group():
+    """Batch compression jobs: new pack variants per (method, budget, codec)."""
+
+
+@job_group.command("submit")
+@click.option("--kb", "kbs", multiple=True, required=True, help="repeatable")
+@click.option("--method", required=True, type=RegistryChoice(_methods),
+              help="eviction method (none: re-encode only)")
+@click.option("--budget", type=float, default=1.0, show_default=True,
+              help="fraction of KV pairs kept")
+@click.option("--codec", default="fp16", show_default=True, callback=_check_codec,
+              help="pack codec spec, e.g. int4+zstd")
+@with_cloud
+@click.option("--wait/--no-wait", default=True, show_default=True)
+def job_submit(kbs, method, budget, codec, address, token, namespace, wait):
+    """Compress every context of the KBs; the result is a new variant of each KB."""
+    from tqdm import tqdm
+
+    with cloud_client(address, token) as cloud:
+        job = cloud.submit_job(namespace, list(kbs), method, budget, codec)
+        click.echo(f"job {job.job_id} submitted: {job.total} contexts → variant {job.variant}")
+        if not wait:
+            return
+        bar = tqdm(total=job.total, unit="ctx", desc=job.job_id)
+        for job in cloud.watch_job(namespace, job.job_id):
+            bar.n = job.done
+            bar.refresh()
+        bar.close()
+        _print_job(job)
+        if job.status != "done":
+            sys.exit(1)
+
+
+@job_group.command("status")
+@click.argument("job_id")
+@with_cloud
+@click.option("--json", "as_json", is_flag=True)
+def job_status(job_id, address, token, namespace, as_json):
+    with cloud_client(address, token) as cloud:
+        job = cloud.get_job(namespace, job_id)
+    echo_json(proto_dict(job)) if as_json else _print_job(job)
+
+
+@job_group.command("list")
+@with_cloud
+@click.option("--json", "as_json", is_flag=True)
+def job_list(address, token, namespace, as_json):
+    with cloud_client(address, token) as cloud:
+        jobs = cloud.list_jobs(namespace)
+    echo_messages(jobs, as_json, _print_job)
+
+
+@job_group.command("cancel")
+@click.argument("job_id")
+@with_cloud
+def job_cancel(job_id, address, token, namespace):
+    with cloud_client(address, token) as cloud:
+        _print_job(cloud.cancel_job(namespace, job_id))
+
+
+COMMANDS = [job_group]

@@ -1,0 +1,28 @@
+"""Codecs for pack tensors: one module per family, chosen by name from one registry.
+
+`base` (the contract, `Role`, the registries), `floats` (fp16, bf16, fp32), `kivi` (int8,
+int4, int3, int2), `cachegen`, `zstd` (the entropy stage), `specs` (`get_codec("int4+zstd")`,
+`codec_names()`, command-line options; the registries are read from there, where every
+family has registered). Names are exported lazily, so reading `DEFAULT_CODEC` imports no
+torch (CLIs and services read it at start-up).
+"""
+from __future__ import annotations
+
+import importlib
+
+DEFAULT_CODEC = "fp16"  # what an upload, a job and the benchmark store unless told otherwise
+
+_EXPORTS = {
+    "CODECS": "specs", "STAGES": "specs", "Codec": "base", "Role": "base", "Piece": "base",
+    "Parts": "base", "FLOAT_DTYPES": "base",
+    "FloatCodec": "floats", "IntCodec": "kivi", "quantized_piece": "kivi",
+    "CacheGen": "cachegen", "Zstd": "zstd",
+    "get_codec": "specs", "codec_names": "specs", "parse_spec": "specs",
+}
+__all__ = sorted([*_EXPORTS, "DEFAULT_CODEC"])
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

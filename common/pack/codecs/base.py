@@ -1,0 +1,76 @@
+"""What every pack codec shares: the tensor's role, the codec contract, the two registries.
+
+A codec turns one (n, D) tensor into named parts (tensors the payload stores) plus JSON
+params, and back. Decoding reads everything it needs from the params, so a reader needs only
+the spec string the manifest records. Decoding goes through `pieces()`: the tensor's rows in
+order, each a dense tensor or a `QuantizedTensor`; `decode()` dequantizes them with the torch
+reference, the edge's realignment hands quantized pieces to the fused dequantize+RoPE kernel.
+
+Base codecs (one family per module) register in `CODECS` by name; stages that wrap any codec
+(`zstd`) in `STAGES`. A codec's options are its dataclass fields, declared with
+`kvedge.common.registry.option`, so a command line sets them as strings, checked by range.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+import torch
+
+from kvedge.common.pack.errors import UnknownCodec
+from kvedge.kernels.quant import QuantizedTensor
+from kvedge.common.registry import Registry
+
+Piece = Union[torch.Tensor, QuantizedTensor]
+Parts = dict[str, torch.Tensor]
+FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+CODECS: Registry = Registry("codec", UnknownCodec)        # base codecs: "fp16", "int4", ...
+STAGES: Registry = Registry("codec stage", UnknownCodec)  # wrappers: "zstd"
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a tensor is, for codecs whose choices depend on it.
+
+    kind: "key" (quantized per channel), "value" (per token) or "side";
+    ranks (n,): each row's index among the context's tokens, n_tokens: the context length
+    (CacheGen keeps the first and last tokens of the context in full precision).
+    """
+
+    kind: str = "side"
+    layer: int = 0
+    n_layers: int = 1
+    ranks: torch.Tensor | None = None
+    n_tokens: int | None = None
+
+
+class Codec:
+    """Base class: `encode` (n, D) → (parts, params); `pieces` → rows back, in order."""
+
+    name: ClassVar[str] = ""
+
+    def encode(self, x: torch.Tensor, role: Role = Role()) -> tuple[Parts, dict]:
+        raise NotImplementedError
+
+    def pieces(self, parts: Parts, params: dict) -> list[Piece]:
+        raise NotImplementedError
+
+    def decode(self, parts: Parts, params: dict) -> torch.Tensor:
+        """The tensor back, in the dtype it was encoded from (torch reference path)."""
+        dtype = FLOAT_DTYPES[params["dtype"]]
+        rows = [p.dequantize(dtype) if isinstance(p, QuantizedTensor) else p.to(dtype)
+                for p in self.pieces(parts, params)]
+        return torch.cat(rows).reshape(params["shape"])
+
+
+def header(x: torch.Tensor) -> dict:
+    """The params every codec records: the tensor's shape and dtype."""
+    return {"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
+
+
+def expect(t: torch.Tensor, shape, dtype, what: str) -> torch.Tensor:
+    """`t` if it has the shape and dtype the params promise, else ValueError (corruption)."""
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        raise ValueError(f"part {what} is {tuple(t.shape)} {t.dtype}, params say {shape} {dtype}")
+    return t

@@ -1,0 +1,67 @@
+"""`int8`, `int4`, `int3`, `int2`: KIVI-style asymmetric group quantization (Liu et al. 2024).
+
+Keys are quantized per channel (groups of `key_group` tokens: their outlier channels stay
+apart), values and side tensors per token (groups of `value_group` channels). `int3` stores
+one code per byte: it is meant for "+zstd", which removes the slack.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, make_dataclass
+
+import torch
+
+from kvedge.common.pack.codecs.base import CODECS, Codec, Parts, Role, expect, header
+from kvedge.kernels.quant import QuantizedTensor, codes_per_byte, quantize
+from kvedge.common.registry import option, validate
+
+
+@dataclass
+class IntCodec(Codec):
+    """Any bit width (CacheGen picks one per layer); the registered names fix `bits`."""
+
+    bits: int = 4
+    key_group: int = option(64, 1, None, "tokens per key group (keys: per channel)")
+    value_group: int = option(64, 1, None, "channels per value group (values: per token)")
+
+    def __post_init__(self):
+        validate(self)
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits}"
+
+    def encode(self, x, role=Role()):
+        per_channel = role.kind == "key"
+        group = self.key_group if per_channel else self.value_group
+        q = quantize(x, self.bits, group, per_channel)
+        params = {**header(x), "bits": self.bits, "group": group, "per_channel": per_channel}
+        return {"packed": q.packed, "scale": q.scale, "zero": q.zero}, params
+
+    def pieces(self, parts, params):
+        return [quantized_piece(parts, params, params["shape"][0])]
+
+
+def quantized_piece(parts: Parts, params: dict, n: int, prefix: str = "") -> QuantizedTensor:
+    """Rebuild a QuantizedTensor of n rows from parts, checking every shape against params."""
+    bits, group, per_channel = int(params["bits"]), int(params["group"]), params["per_channel"]
+    dim = int(params["shape"][1])
+    if bits not in (2, 3, 4, 8) or group < 1 or not isinstance(per_channel, bool):
+        raise ValueError(f"bad quantization params {params}")
+    groups = (math.ceil(n / group), dim) if per_channel else (n, math.ceil(dim / group))
+    packed = expect(parts[prefix + "packed"], (n, dim // codes_per_byte(bits)), torch.uint8,
+                    "packed")
+    scale = expect(parts[prefix + "scale"], groups, torch.float16, "scale")
+    zero = expect(parts[prefix + "zero"], groups, torch.float16, "zero")
+    return QuantizedTensor(packed, scale, zero, bits, group, per_channel, dim)
+
+
+def _fixed_width(bits: int) -> type[IntCodec]:
+    """The registered codec `int<bits>`: IntCodec with its width fixed by the name, so only
+    the group sizes are options."""
+    return CODECS.register(make_dataclass(
+        f"Int{bits}", [("bits", int, field(default=bits, init=False))], bases=(IntCodec,),
+        namespace={"name": f"int{bits}", "__module__": __name__}))
+
+
+Int8, Int4, Int3, Int2 = map(_fixed_width, (8, 4, 3, 2))

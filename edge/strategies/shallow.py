@@ -1,0 +1,57 @@
+"""Selective recompute decided at a shallow layer: the plumbing A3 and CacheBlend share."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvedge.common.errors import InvalidOption
+from kvedge.common.registry import option
+from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+
+
+@dataclass
+class ShallowSelection(ReuseStrategy):
+    """Recompute a ratio of the context chosen at a shallow layer (A3, CacheBlend).
+
+    Every context token and the question run through blocks 0..`layer`; there `score()` rates
+    each context token, the top `ratio · n` are kept and, with the question, are the only
+    tokens run from `layer + 1` on. Subclasses implement `score` (and `before` if they need
+    the reused cache's state) only.
+    """
+
+    ratio: float = option(0.15, 0.0, 1.0, "share of the context's tokens recomputed")
+    layer: int = option(1, 0, None, "layer whose attention/deviation picks the tokens")
+
+    def before(self, rt, composed: Composed, cache) -> object:
+        """State `score` needs from the cache before recompute overwrites it (optional)."""
+        return None
+
+    def score(self, rt, composed: Composed, state, q: torch.Tensor, q_pos: torch.Tensor,
+              cache_layer) -> torch.Tensor:
+        """Scores (n_context,) of the context tokens, at `self.layer`."""
+        raise NotImplementedError
+
+    def plan(self, rt, composed: Composed, reserve: int) -> Plan:
+        if self.layer >= rt.n_layers:
+            raise InvalidOption(f"{self.name!r} option 'layer' must be below the model's "
+                                f"{rt.n_layers} layers, got {self.layer}")
+        cache = assemble_cache(rt, composed, realign=True,
+                               reserve=len(composed.question_ids) + reserve)
+        state = self.before(rt, composed, cache)
+        start, question = composed.n_prefix, composed.question_positions()
+        budget = round(self.ratio * composed.n_context)
+        chosen: list[torch.Tensor] = []
+
+        def observe(layer, q, q_pos, cache_layer):
+            if layer == self.layer and not chosen:
+                scores = self.score(rt, composed, state, q, q_pos, cache_layer)
+                top = torch.topk(scores, min(budget, scores.numel())).indices
+                chosen.append(torch.sort(top + start).values)
+
+        def active(layer, current):
+            return None if layer <= self.layer else torch.cat([chosen[0], question])
+
+        run_pos = torch.arange(start, composed.question_start + len(question))
+        run_ids = torch.tensor(composed.context_ids + composed.question_ids)
+        return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)
