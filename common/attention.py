@@ -6,10 +6,30 @@ context must not see the tokens after it, which a bottom-right-aligned causal ma
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 QUERY_CHUNK = 2048  # bounds the (queries × keys) score matrix for long prefills
+
+
+class OwnKV(NamedTuple):
+    """The run tokens' own fresh K/V at one layer, k, v (Hkv, N, D) rotated, and `private`
+    (Hkv, N) bool: where the cache does not hold a token's fresh K/V (None: it holds all).
+
+    A token always attends to its own fresh key — also one it was computed without storing
+    (SamKV Sec. 3.3 write sets) or one its head evicted (issue 11 (b)); the other queries see
+    only what the cache holds.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    private: torch.Tensor | None
+
+    def head(self, h: int) -> "OwnKV":
+        private = None if self.private is None else self.private[h: h + 1]
+        return OwnKV(self.k[h: h + 1], self.v[h: h + 1], private)
 
 
 def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
@@ -21,17 +41,28 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None)
 
 
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                  k_pos: torch.Tensor, scale: float, window: int | None = None) -> torch.Tensor:
+                  k_pos: torch.Tensor, scale: float, window: int | None = None,
+                  own: OwnKV | None = None) -> torch.Tensor:
     """q (Hkv, G, Tq, D) against k, v (Hkv, Tk, D) → (Hkv, G, Tq, D).
 
     Grouped query heads share their KV head without expanding K/V. A query with no visible
-    key (possible only in evicted caches) gets a zero output instead of NaN.
+    key (possible only in evicted caches) gets a zero output instead of NaN. `own` (its
+    `private` rows the same for every head here): each private query also sees its own fresh
+    key, in place of any cached key at its position.
     """
+    private = None if own is None or own.private is None else own.private.any(0)  # (Tq,)
+    if private is not None and bool(private.any()):
+        mine = private.nonzero().flatten()  # (P,) the queries with a private key
+        k, v = torch.cat([k, own.k[:, mine]], 1), torch.cat([v, own.v[:, mine]], 1)
+    else:
+        private = None
     n_kv, group, n_q, dim = q.shape
     out = torch.empty_like(q)
     for start in range(0, n_q, QUERY_CHUNK):
         stop = min(start + QUERY_CHUNK, n_q)
         mask = visible(q_pos[start:stop], k_pos, window)  # (tq, Tk)
+        if private is not None:
+            mask = _with_own(mask, q_pos, k_pos, private, mine, start, stop)  # (tq, Tk + P)
         qc = q[:, :, start:stop].reshape(1, n_kv * group, stop - start, dim)
         # 4-D with enable_gqa reaches the fused CPU/GPU kernels (a 3-D call falls back to the
         # unfused math path: ~5× slower); kv head j serves query heads jG..jG+G−1, as in HF
@@ -43,6 +74,14 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
             oc = oc.masked_fill(blind[None, None, :, None], 0.0)
         out[:, :, start:stop] = oc
     return out
+
+
+def _with_own(mask, q_pos, k_pos, private, mine, start, stop):
+    """Hide a private query's cached key at its own position (stale, or absent) and show it
+    its own fresh key, appended after the cached ones."""
+    rows = torch.arange(start, stop, device=mask.device)
+    stale = private[start:stop, None] & (k_pos[None, :] == q_pos[start:stop, None])
+    return torch.cat([mask & ~stale, rows[:, None] == mine[None, :]], 1)
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from kvedge.common.kvcache import LayerKV
+from kvedge.common.kvcache import KVCache
 from kvedge.common.runtime import Runtime
 
 
@@ -46,24 +46,29 @@ class Sampler:
 GREEDY = Sampler()
 
 
-def generate(rt: Runtime, cache: list[LayerKV], ids: torch.Tensor, positions: torch.Tensor,
+def generate(rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
              max_new_tokens: int, *, sampler: Sampler = GREEDY,
-             stop_ids: tuple[int, ...] = (), active=None, observe=None,
+             stop_ids: tuple[int, ...] = (), active=None, observe=None, write=None,
              seq_len: int | None = None) -> Iterator[int]:
     """Yield up to `max_new_tokens` token ids: run the prompt (`ids` at `positions`, with an
-    optional partial-recompute `active` plan and its `observe` hook), then decode one token at a time, appending each
-    at the next position. Stops after a token in `stop_ids` (which is yielded)."""
+    optional partial-recompute `active` plan, its `observe` hook and `write` sets), then decode
+    one token at a time, appending each at the next position. Stops after a token in
+    `stop_ids` (which is yielded).
+
+    One RoPE length for the whole request: `seq_len`, else the cache's (an assembled cache's
+    keys are rotated with it), else the prompt's end + `max_new_tokens`.
+    """
     gen = sampler.generator()
-    out = rt.forward(ids, positions, cache, active, observe=observe, seq_len=seq_len)
+    seq_len = seq_len or cache.seq_len or int(positions[-1]) + 1 + max_new_tokens
+    out = rt.forward(ids, positions, cache, active, observe=observe, write=write, seq_len=seq_len)
     pos = int(positions[-1])
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         token = sampler.pick(out.logits[-1], gen)
         yield token
-        if token in stop_ids:
-            return
+        if token in stop_ids or step == max_new_tokens - 1:
+            return  # the last token's K/V is never needed: no forward for it
         pos += 1
-        out = rt.forward(torch.tensor([token]), torch.tensor([pos]), cache,
-                         seq_len=max(seq_len or 0, pos + 1) or None)
+        out = rt.forward(torch.tensor([token]), torch.tensor([pos]), cache, seq_len=seq_len)
 
 
 def greedy_answer(rt: Runtime, prompt_ids: list[int], max_new_tokens: int = 32,

@@ -2,18 +2,29 @@
 
 Keys in a cache are *post*-RoPE, rotated to the positions the composed prompt gives them
 (realigned). Tokens are identified by position; positions in a cache are strictly increasing.
-Two writes exist: `overwrite` (partial recompute replaces the K/V of positions already held —
-a ragged head that evicted a position ignores it) and `append` (new tokens, after every held
-position, go to every head). Buffers are preallocated and grow by doubling, gpt-fast style.
+
+A request's cache is a `KVCache`: one layer per transformer layer, the *extent* of its context
+(the positions it covers, held or evicted) and its one RoPE length. One write exists,
+`LayerKV.write`: a recomputed token (inside the extent) overwrites the K/V of its position — a
+ragged head that evicted it keeps nothing — and a fresh token (outside it) is inserted at its
+position in every head, after the held ones or between them (SparseX Sec. 3–4: fresh text
+between cached segments). Every write returns its undo, so a failed forward restores the cache
+exactly. Buffers are preallocated and grow by doubling, gpt-fast style.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
-from kvedge.common.attention import gqa_attention
+from kvedge.common.attention import OwnKV, gqa_attention
 from kvedge.common.errors import CacheError
+
+Undo = Callable[[], None]
+
+
+def _nothing() -> None:
+    return None
 
 
 class HeadGroup(NamedTuple):
@@ -63,27 +74,80 @@ class HeadBuffer:
         found = held[slots] == pos if self.n else torch.zeros_like(pos, dtype=torch.bool)
         return slots, found
 
-    def overwrite(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, strict: bool) -> None:
-        slots, found = self.slots_of(pos)
-        if strict and not bool(found.all()):
-            raise CacheError(f"recomputed positions {pos[~found].tolist()[:8]} are not in the cache")
-        slots = slots[found]
-        self.k[:, slots], self.v[:, slots] = k[:, found], v[:, found]
+    def write(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fresh: torch.Tensor,
+              strict: bool) -> tuple[Undo, torch.Tensor | None]:
+        """K/V (H, N, D) of tokens at sorted positions (N,); fresh (N,) marks the inserted ones.
 
-    def append(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        n_new = pos.numel()
-        if self.n and n_new and int(pos[0]) <= int(self.pos[self.n - 1]):
-            raise CacheError(f"appended position {int(pos[0])} is not after the cache's last "
-                             f"position {int(self.pos[self.n - 1])}")
-        if self.n + n_new > self.pos.numel():
-            self._grow(self.n + n_new)
-        self.k[:, self.n: self.n + n_new], self.v[:, self.n: self.n + n_new] = k, v
-        self.pos[self.n: self.n + n_new] = pos
-        self.n += n_new
+        Recomputed tokens overwrite their slot; one this buffer does not hold is skipped, or a
+        CacheError when `strict` (a dense layer evicts nothing). Returns (undo, held): held (N,)
+        says whose fresh K/V the buffer now holds (None: everyone's).
+        """
+        n_fresh = int(fresh.sum())
+        if n_fresh == pos.numel():  # prefill, decode, fresh text: nothing to overwrite
+            return self.insert(pos, k, v), None
+        slots, found = self.slots_of(pos)
+        if strict and not bool((found | fresh).all()):
+            raise CacheError(f"recomputed positions {pos[~(found | fresh)].tolist()[:8]} are not "
+                             "in the cache (a dense layer holds every position of its context)")
+        old = found & ~fresh
+        undo_old = self.overwrite_slots(slots[old], k[:, old], v[:, old])
+        undo_new = self.insert(pos[fresh], k[:, fresh], v[:, fresh]) if n_fresh else _nothing
+        held = None if strict else found | fresh
+        return (lambda: (undo_new(), undo_old())), held
+
+    def overwrite_slots(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Undo:
+        old_k, old_v = self.k[:, slots], self.v[:, slots]  # copies: what the undo puts back
+        self.k[:, slots], self.v[:, slots] = k, v
+
+        def undo():
+            self.k[:, slots], self.v[:, slots] = old_k, old_v
+        return undo
+
+    def insert(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Undo:
+        """Fresh K/V at positions the buffer does not hold, wherever they fall; returns the undo."""
+        n, m = self.n, pos.numel()
+        if m == 0:
+            return _nothing
+        if n + m > self.pos.numel():
+            self._grow(n + m)
+        if n == 0 or int(pos[0]) > int(self.pos[n - 1]):  # after everything held: append
+            self.k[:, n: n + m], self.v[:, n: n + m], self.pos[n: n + m] = k, v, pos
+            self.n = n + m
+            return lambda: setattr(self, "n", n)
+        return self._merge(pos, k, v)
+
+    def _merge(self, pos, k, v) -> Undo:
+        """Insert between held positions: the held tail after the first insertion point moves
+        right by the number of fresh positions before each of its tokens."""
+        n, held = self.n, self.positions
+        at = torch.searchsorted(held, pos)
+        if bool((held[at.clamp(max=n - 1)] == pos).any()):
+            raise CacheError("fresh positions are already held: the cache's extent must cover "
+                             "every position it holds")
+        new_slots = at + torch.arange(pos.numel(), device=pos.device)
+        first = int(at[0])
+        shift = torch.searchsorted(pos, held[first:])  # fresh positions before each held one
+        tail_slots = torch.arange(first, n, device=pos.device) + shift
+        for buf, new in ((self.k, k), (self.v, v)):
+            buf[:, tail_slots] = buf[:, first:n].clone()
+            buf[:, new_slots] = new
+        self.pos[tail_slots] = held[first:].clone()
+        self.pos[new_slots] = pos
+        self.n = n + pos.numel()
+        return lambda: self._remove(new_slots)
+
+    def _remove(self, slots: torch.Tensor) -> None:
+        keep = torch.ones(self.n, dtype=torch.bool, device=slots.device)
+        keep[slots] = False
+        idx = keep.nonzero().flatten()
+        m = idx.numel()
+        self.k[:, :m], self.v[:, :m], self.pos[:m] = self.k[:, idx], self.v[:, idx], self.pos[idx]
+        self.n = m
 
     def truncate(self, last_pos: int) -> None:
         """Forget every position after `last_pos` (e.g. a question and its answer)."""
-        self.n = int(torch.searchsorted(self.positions, torch.tensor(last_pos), right=True))
+        self.n = int(torch.searchsorted(self.positions, torch.tensor(last_pos)
+                                        .to(self.pos.device), right=True))
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.pos.numel(), 16)
@@ -116,19 +180,23 @@ class DenseKV:
     def max_pos(self) -> int:
         return int(self.buf.pos[self.buf.n - 1]) if self.buf.n else -1
 
-    def overwrite(self, pos, k, v):
-        self.buf.overwrite(pos, k, v, strict=True)
+    def write(self, pos, k, v, fresh) -> tuple[Undo, torch.Tensor | None]:
+        """See `HeadBuffer.write`; returns (undo, None): every written token is held."""
+        return self.buf.write(pos, k, v, fresh, strict=True)
 
-    def append(self, pos, k, v):
-        self.buf.append(pos, k, v)
+    def overwrite(self, pos, k, v) -> Undo:
+        return self.write(pos, k, v, torch.zeros_like(pos, dtype=torch.bool))[0]
+
+    def append(self, pos, k, v) -> Undo:
+        return self.buf.insert(pos, k, v)
 
     def truncate(self, last_pos: int) -> None:
         self.buf.truncate(last_pos)
 
-    def attend(self, q, q_pos, scale, window=None):
-        """q (Hkv, G, Tq, D) → (Hkv, G, Tq, D)."""
+    def attend(self, q, q_pos, scale, window=None, own: OwnKV | None = None):
+        """q (Hkv, G, Tq, D) → (Hkv, G, Tq, D); `own`: see `gqa_attention`."""
         k, v, pos = self.buf.view()
-        return gqa_attention(q, k, v, q_pos, pos, scale, window)
+        return gqa_attention(q, k, v, q_pos, pos, scale, window, own)
 
     def view(self):
         return self.buf.view()
@@ -152,29 +220,43 @@ class RaggedKV:
     def __init__(self, heads_k: list[torch.Tensor], heads_v: list[torch.Tensor],
                  heads_pos: list[torch.Tensor], reserve: int = 0):
         self.head_buffers = [HeadBuffer(k[None], v[None], p, reserve)
-                      for k, v, p in zip(heads_k, heads_v, heads_pos)]
+                             for k, v, p in zip(heads_k, heads_v, heads_pos)]
 
     @property
     def max_pos(self) -> int:
         return max((int(h.pos[h.n - 1]) for h in self.head_buffers if h.n), default=-1)
 
-    def overwrite(self, pos, k, v):
+    def write(self, pos, k, v, fresh) -> tuple[Undo, torch.Tensor | None]:
+        """Per head (see `HeadBuffer.write`): a head that evicted a recomputed position keeps
+        nothing of it. Returns (undo, held (Hkv, N) | None)."""
+        undos, held = [], []
         for h, head in enumerate(self.head_buffers):
-            head.overwrite(pos, k[h: h + 1], v[h: h + 1], strict=False)
+            undo, kept = head.write(pos, k[h: h + 1], v[h: h + 1], fresh, strict=False)
+            undos.append(undo)
+            held.append(kept)
+        if all(kept is None for kept in held):
+            return _chain(undos), None
+        ones = torch.ones_like(fresh)
+        return _chain(undos), torch.stack([ones if kept is None else kept for kept in held])
 
-    def append(self, pos, k, v):
-        for h, head in enumerate(self.head_buffers):
-            head.append(pos, k[h: h + 1], v[h: h + 1])
+    def overwrite(self, pos, k, v) -> Undo:
+        return self.write(pos, k, v, torch.zeros_like(pos, dtype=torch.bool))[0]
+
+    def append(self, pos, k, v) -> Undo:
+        return _chain([head.insert(pos, k[h: h + 1], v[h: h + 1])
+                       for h, head in enumerate(self.head_buffers)])
 
     def truncate(self, last_pos: int) -> None:
         for head in self.head_buffers:
             head.truncate(last_pos)
 
-    def attend(self, q, q_pos, scale, window=None):
+    def attend(self, q, q_pos, scale, window=None, own: OwnKV | None = None):
+        """Per KV head over exactly its kept keys; `own`: see `gqa_attention`."""
         out = torch.empty_like(q)
         for h, head in enumerate(self.head_buffers):
             k, v, pos = head.view()
-            out[h: h + 1] = gqa_attention(q[h: h + 1], k, v, q_pos, pos, scale, window)
+            mine = None if own is None else own.head(h)
+            out[h: h + 1] = gqa_attention(q[h: h + 1], k, v, q_pos, pos, scale, window, mine)
         return out
 
     def heads(self) -> list[HeadGroup]:
@@ -190,10 +272,106 @@ class RaggedKV:
 LayerKV = DenseKV | RaggedKV
 
 
-def truncate_cache(cache: list[LayerKV], last_pos: int) -> None:
+def _chain(undos: list[Undo]) -> Undo:
+    """One undo running `undos` last to first."""
+    def undo():
+        for step in reversed(undos):
+            step()
+    return undo
+
+
+class Extent:
+    """The positions a context covers, held or evicted, as sorted disjoint [start, stop) spans.
+
+    A run token at a covered position is *recomputed* (its cached K/V, where held, is
+    replaced); one outside is *fresh* (inserted in every head) — wherever it falls, so fresh
+    text can sit between cached segments (SparseX Sec. 3–4). Eviction never changes it, so a
+    segment whose last tokens every head evicted is still context.
+    """
+
+    def __init__(self, spans=()):
+        self.spans = _merged(spans)
+
+    @classmethod
+    def of(cls, positions: torch.Tensor) -> "Extent":
+        return cls(_runs(positions))
+
+    @property
+    def end(self) -> int:
+        """One past the last covered position (0 when empty)."""
+        return self.spans[-1][1] if self.spans else 0
+
+    def covers(self, pos: torch.Tensor) -> torch.Tensor:
+        """(N,) bool: which positions lie in the extent (one pass per span, not per token)."""
+        hit = torch.zeros_like(pos, dtype=torch.bool)
+        for start, stop in self.spans:
+            hit |= (pos >= start) & (pos < stop)
+        return hit
+
+    def add(self, positions: torch.Tensor) -> None:
+        self.spans = _merged(self.spans + _runs(positions))
+
+    def truncate(self, last_pos: int) -> None:
+        self.spans = [(a, min(b, last_pos + 1)) for a, b in self.spans if a <= last_pos]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Extent) and self.spans == other.spans
+
+    def __repr__(self) -> str:
+        return f"Extent({self.spans})"
+
+
+def _runs(positions: torch.Tensor) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) runs of a set of positions."""
+    pos = torch.unique(positions.to("cpu", torch.long))  # sorted
+    if pos.numel() == 0:
+        return []
+    cut = (pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1
+    starts = torch.cat([pos[:1], pos[cut]]).tolist()
+    stops = torch.cat([pos[cut - 1] + 1, pos[-1:] + 1]).tolist()
+    return list(zip(starts, stops))
+
+
+def _merged(spans) -> list[tuple[int, int]]:
+    """Sorted disjoint spans covering the same positions (touching ones joined)."""
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted((int(a), int(b)) for a, b in spans if b > a):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+class KVCache(list):
+    """A request's KV: one `LayerKV` per layer, the extent of its context and its RoPE length.
+
+    extent: the positions the context covers (default: every position some layer holds); the
+    runtime decides from it which run tokens are fresh and adds them once a forward succeeds.
+    seq_len: the one RoPE sequence length of the request — keys already rotated with it and
+    every later query and key use it (dynamic/longrope frequencies depend on it); None until
+    the first forward fixes it.
+    """
+
+    def __init__(self, layers, extent: Extent | None = None, seq_len: int | None = None):
+        super().__init__(layers)
+        self.extent = extent if extent is not None else Extent.of(_held_positions(self))
+        self.seq_len = seq_len
+
+    def truncate(self, last_pos: int) -> None:
+        for layer in self:
+            layer.truncate(last_pos)
+        self.extent.truncate(last_pos)
+
+
+def _held_positions(layers) -> torch.Tensor:
+    held = [group.positions.cpu() for layer in layers for group in layer.heads()]
+    return torch.cat(held) if held else torch.empty(0, dtype=torch.long)
+
+
+def truncate_cache(cache: KVCache, last_pos: int) -> None:
     """Drop everything after `last_pos` in every layer: the context stays, a turn is forgotten."""
-    for layer in cache:
-        layer.truncate(last_pos)
+    cache.truncate(last_pos)
 
 
 def cache_nbytes(cache: list[LayerKV]) -> int:

@@ -6,14 +6,20 @@ quality difference is the strategy's.
 
 Partial recompute (`Runtime.forward`) — the rules:
 - `ids`/`positions` are the tokens run at layer 0, strictly increasing positions. A position
-  the cache already holds is *recomputed* (its K/V overwritten at every layer it is active in);
-  a position after everything the cache holds is *new* (appended).
+  inside the cache's extent (`KVCache.extent`: its context, held or evicted) is *recomputed*
+  (its K/V overwritten at every layer it is active in, where a head holds it); any other is
+  *fresh* (inserted at its position — after the context or between cached segments, SparseX
+  Sec. 3–4 — and part of the extent once the forward succeeds).
 - `active[l]` are the positions run at layer l. Hidden states flow only forward, so a token
   can only be active at layer l if it was active at layer l−1: active[l] ⊆ active[l−1], with
   active[0] = all of `positions`. A token that drops out keeps its cached K/V in deeper layers.
-  New tokens have no cached K/V at all, so they must stay active at every layer.
-- Each active query at position p attends to the whole cache (fresh K/V for active tokens,
-  cached K/V for the rest) under the position-based mask (keys at positions ≤ p).
+  Fresh tokens have no cached K/V at all, so they must stay active at every layer.
+- `write[l]` ⊆ active[l] are the tokens whose K/V layer l stores (default all; SamKV Sec. 3.3).
+- Each active query at position p attends to the cache (fresh K/V for stored tokens, cached
+  K/V for the rest) under the position-based mask (keys at positions ≤ p), and always to its
+  own fresh K/V — stored or not, evicted by its head or not.
+- One RoPE length per request (`KVCache.seq_len`) for every key and query, and a forward that
+  raises leaves the cache exactly as it was (every write is undone).
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
-from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
+from kvedge.common.attention import OwnKV
+from kvedge.common.kvcache import DenseKV, Extent, KVCache, LayerKV, RaggedKV
 from kvedge.common.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -92,6 +99,31 @@ Observer = Callable[[int, torch.Tensor, torch.Tensor, LayerKV], None]
 ActivePlan = list[torch.Tensor] | Callable[[int, torch.Tensor], torch.Tensor | None]
 
 
+def _as_callable(plan):
+    """A per-layer plan (None, a list, or a callable) as a callable (layer, current) → set."""
+    if plan is None:
+        return lambda layer, current: None
+    if callable(plan):
+        return plan
+    return lambda layer, current: plan[layer]
+
+
+@dataclass
+class Tokens:
+    """The tokens active at a layer: hidden x (N, hidden), positions (N,), their RoPE cos/sin
+    (N, D) and whether each is fresh (N,) bool; narrowed together as the active set shrinks."""
+
+    x: torch.Tensor
+    pos: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    fresh: torch.Tensor
+
+    def select(self, keep: torch.Tensor) -> "Tokens":
+        return Tokens(self.x[keep], self.pos[keep], self.cos[keep], self.sin[keep],
+                      self.fresh[keep])
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor | None      # (n_out, vocab) for the last active tokens
@@ -135,9 +167,11 @@ class Runtime:
     def device(self):
         return self.embed.device
 
-    def empty_cache(self, reserve: int = 0) -> list[DenseKV]:
-        return [DenseKV.empty(self.n_kv, self.head_dim, self.dtype, self.device, reserve)
-                for _ in range(self.n_layers)]
+    def empty_cache(self, reserve: int = 0, seq_len: int | None = None) -> KVCache:
+        """An empty cache with room for `reserve` tokens; `seq_len`: the request's RoPE
+        length (None: its first forward fixes it)."""
+        return KVCache([DenseKV.empty(self.n_kv, self.head_dim, self.dtype, self.device, reserve)
+                        for _ in range(self.n_layers)], Extent(), seq_len)
 
     # ------------------------------------------------------------------ one layer
 
@@ -151,133 +185,173 @@ class Runtime:
             q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
-    def layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, cos, sin, cache: LayerKV,
-              is_new: torch.Tensor, capture: LayerCapture | None, observe: Observer | None):
-        """x (N, hidden) of the active tokens → (N, hidden); writes their K/V into the cache."""
+    def layer(self, i: int, run: "Tokens", cache: LayerKV, store: torch.Tensor | None,
+              capture: LayerCapture | None, observe: Observer | None, undo: list) -> torch.Tensor:
+        """run.x (N, hidden) of the active tokens → (N, hidden); stores the K/V of the tokens
+        in `store` (None: all) and records how to undo it."""
         from kvedge.kernels.rope import apply_rotary
 
         w = self.layers[i]
+        x = run.x
         q, k, v = self.qkv(w, rms_norm(x, w.ln1, self.eps))
         if capture is not None:
             capture.keys.append(k)
             capture.values.append(v)
             if capture.want_queries:
                 capture.queries.append(q)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        old = ~is_new
-        if bool(old.any()):
-            cache.overwrite(pos[old], k[:, old], v[:, old])
-        if bool(is_new.any()):
-            cache.append(pos[is_new], k[:, is_new], v[:, is_new])
+        q, k = apply_rotary(q, run.cos, run.sin), apply_rotary(k, run.cos, run.sin)
+        own = OwnKV(k, v, self._write(cache, run, k, v, store, undo))
         q = q.view(self.n_kv, self.group, -1, self.head_dim)  # (Hkv, G, N, D)
         if observe is not None:
-            observe(i, q, pos, cache)
-        attn = cache.attend(q, pos, self.scale, w.window)  # (Hkv, G, N, D)
+            observe(i, q, run.pos, cache)
+        attn = cache.attend(q, run.pos, self.scale, w.window, own)  # (Hkv, G, N, D)
         attn = attn.reshape(self.n_heads, -1, self.head_dim).transpose(0, 1).reshape(x.shape[0], -1)
         x = x + F.linear(attn, w.wo)
         h = rms_norm(x, w.ln2, self.eps)
         return x + F.linear(self.act(F.linear(h, w.w_gate)) * F.linear(h, w.w_up), w.w_down)
 
+    @staticmethod
+    def _write(cache: LayerKV, run: "Tokens", k, v, store, undo: list) -> torch.Tensor | None:
+        """Write the stored tokens' K/V (Hkv, N, D); (Hkv, N) where a head lacks a token's
+        fresh K/V (None: it holds all) — those queries get it privately."""
+        if store is None:
+            restore, held = cache.write(run.pos, k, v, run.fresh)
+            undo.append(restore)
+            return None if held is None else ~held
+        restore, held = cache.write(run.pos[store], k[:, store], v[:, store], run.fresh[store])
+        undo.append(restore)
+        private = ~store.expand(k.shape[0], -1).clone()  # (Hkv, N)
+        if held is not None:
+            private[:, store] = ~held
+        return private
+
     # ------------------------------------------------------------------ forward
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: list[LayerKV],
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 active: "ActivePlan | None" = None, *, logits: str = "last",
                 capture: LayerCapture | None = None, observe: Observer | None = None,
-                seq_len: int | None = None) -> ForwardOutput:
+                seq_len: int | None = None, write: "ActivePlan | None" = None) -> ForwardOutput:
         """Run `ids` at `positions` through every layer against `cache` (see module rules).
 
         active: None (every token at every layer), a list with one position set per layer,
         or a callable `plan(layer, current_positions) -> positions | None` asked before each
         layer — strategies that pick their recompute set from a shallow layer's attention
         (A3, CacheBlend, SparseX) decide there, after observing the layers before.
+        write: which active tokens store their K/V (SamKV Sec. 3.3), in the same forms:
+        None (all), one position set per layer (each ⊆ that layer's active set, maybe empty)
+        or a callable asked after `active` narrows the layer.
         logits: "last" (the last token active at the final layer), "all" or "none".
-        seq_len: the context length RoPE frequencies are computed for (dynamic/longrope);
-        defaults to the largest position + 1.
+        seq_len: the RoPE length (dynamic/longrope); defaults to the cache's one length, or
+        fixes it (the largest position + 1) on the cache's first forward.
         """
+        if not isinstance(cache, KVCache):
+            raise CacheError("forward needs a KVCache (Runtime.empty_cache, dense_cache, "
+                             "ragged_cache, or KVCache(layers, extent)): a plain list of layers "
+                             "does not say which positions its context covers")
         ids, positions = ids.to(self.device), positions.to(self.device, torch.long)
         if positions.numel() == 0 or bool((positions[1:] <= positions[:-1]).any()):
             raise CacheError("positions must be non-empty and strictly increasing")
-        cached_until = max(layer.max_pos for layer in cache)
-        is_new = positions > cached_until
-        plan = self._plan(active, positions, is_new)
-        seq_len = seq_len or int(positions[-1]) + 1
+        fresh = ~cache.extent.covers(positions)
+        plan, stores = self._plan(active, positions, fresh), _as_callable(write)
+        seq_len = seq_len or cache.seq_len or int(positions[-1]) + 1
         cos, sin = self.rope.cos_sin(positions, seq_len)
-        x = F.embedding(ids, self.embed)
-        pos = positions
+        run = Tokens(F.embedding(ids, self.embed), positions, cos, sin, fresh)
+        undo: list = []
         try:
             for i in range(self.n_layers):
-                keep = self._narrow(i, pos, plan(i, pos), is_new)
+                keep = self._narrow(i, run.pos, plan(i, run.pos), run.fresh)
                 if keep is not None:  # this layer runs a subset of the layer below's tokens
-                    x, pos, cos, sin, is_new = x[keep], pos[keep], cos[keep], sin[keep], is_new[keep]
-                x = self.layer(i, x, pos, cos, sin, cache[i], is_new, capture, observe)
+                    run = run.select(keep)
+                store = self._stored(i, run.pos, stores(i, run.pos))
+                run.x = self.layer(i, run, cache[i], store, capture, observe, undo)
         except BaseException:
-            for layer in cache:  # a failed run leaves no half-appended tokens behind
-                layer.truncate(cached_until)
+            for restore in reversed(undo):  # a failed run leaves the cache exactly as it was
+                restore()
             raise
-        hidden = rms_norm(x, self.final_norm, self.eps)
-        out = None
-        if logits == "last":
-            out = F.linear(hidden[-1:], self.lm_head)
-        elif logits == "all":
-            out = F.linear(hidden, self.lm_head)
-        return ForwardOutput(out, pos, hidden)
+        cache.extent.add(positions)
+        cache.seq_len = cache.seq_len or seq_len
+        hidden = rms_norm(run.x, self.final_norm, self.eps)
+        return ForwardOutput(self._logits(hidden, logits), run.pos, hidden)
 
-    def _plan(self, active, positions, is_new):
+    def _logits(self, hidden: torch.Tensor, which: str) -> torch.Tensor | None:
+        if which == "none":
+            return None
+        return F.linear(hidden[-1:] if which == "last" else hidden, self.lm_head)
+
+    def _plan(self, active, positions, fresh):
         """A callable plan; a list plan is checked whole before anything runs."""
-        if active is None:
-            return lambda layer, current: None
-        if callable(active):
-            return active
+        if active is None or callable(active):
+            return _as_callable(active)
         if len(active) != self.n_layers:
             raise ActiveSetError(f"need one active set per layer ({self.n_layers}), got {len(active)}")
         current = positions
         for layer, want in enumerate(active):
-            keep = self._narrow(layer, current, want, is_new)
+            keep = self._narrow(layer, current, want, fresh)
             if keep is not None:
-                current, is_new = current[keep], is_new[keep]
+                current, fresh = current[keep], fresh[keep]
         return lambda layer, current: active[layer]
 
     @staticmethod
-    def _narrow(layer: int, current: torch.Tensor, want, is_new: torch.Tensor):
+    def _indices(current: torch.Tensor, want) -> tuple[torch.Tensor, bool]:
+        """(indices of `want` in `current`, whether `want` is a sorted subset of `current`)."""
+        want = torch.as_tensor(want, dtype=torch.long, device=current.device)
+        if want.numel() == 0:
+            return want, True
+        idx = torch.searchsorted(current, want).clamp(max=current.numel() - 1)
+        ok = not bool((current[idx] != want).any()) and not bool((want[1:] <= want[:-1]).any())
+        return idx, ok
+
+    def _narrow(self, layer: int, current: torch.Tensor, want, fresh: torch.Tensor):
         """Indices of `want` within `current` (None: keep all), enforcing the module's rules."""
         if want is None:
             return None
-        want = torch.as_tensor(want, dtype=torch.long, device=current.device)
-        idx = torch.searchsorted(current, want).clamp(max=current.numel() - 1)
-        if want.numel() == 0 or bool((current[idx] != want).any()) or \
-                bool((want[1:] <= want[:-1]).any()):
+        idx, ok = self._indices(current, want)
+        if idx.numel() == 0 or not ok:
             raise ActiveSetError(
                 f"layer {layer}: active positions must be a non-empty, sorted subset of "
                 f"{'the input' if layer == 0 else f'layer {layer - 1}'}'s (a token's hidden "
                 "state comes from the layer below)")
-        if want.numel() == current.numel():
+        if idx.numel() == current.numel():
             return None
         if layer == 0:
             raise ActiveSetError("layer 0 must run every input token")
-        dropped = torch.ones_like(is_new)
+        dropped = torch.ones_like(fresh)
         dropped[idx] = False
-        if bool((dropped & is_new).any()):
-            raise ActiveSetError("new tokens (after the cached context) must be active at every "
-                                 "layer: they have no cached K/V to fall back on")
+        if bool((dropped & fresh).any()):
+            raise ActiveSetError("new tokens (fresh: outside the cache's context) must be active "
+                                 "at every layer: they have no cached K/V to fall back on")
         return idx
+
+    def _stored(self, layer: int, current: torch.Tensor, want) -> torch.Tensor | None:
+        """(N,) bool: which active tokens store their K/V at this layer (None: all)."""
+        if want is None:
+            return None
+        idx, ok = self._indices(current, want)
+        if not ok:
+            raise ActiveSetError(f"layer {layer}: write positions must be a sorted subset of the "
+                                 "layer's active positions (only a computed token has K/V)")
+        store = torch.zeros_like(current, dtype=torch.bool)
+        store[idx] = True
+        return store
 
     # ------------------------------------------------------------------ prefill & realign
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *,
                 want_queries: bool = False, observe: Observer | None = None,
-                logits: str = "last") -> "PrefillResult":
+                logits: str = "last", seq_len: int | None = None) -> "PrefillResult":
         """Prefill one segment from an empty cache (positions default to 0..T-1).
 
         Returns the pre-RoPE keys and the values per layer (what packs store), the pre-RoPE
-        queries on request, the filled (rotated) cache and the logits.
+        queries on request, the filled (rotated) cache and the logits. `seq_len`: the RoPE
+        length (default the largest position + 1, as transformers computes it).
         """
         ids = torch.as_tensor(ids, dtype=torch.long)
         if positions is None:
             positions = torch.arange(ids.numel())
         capture = LayerCapture(want_queries=want_queries)
-        cache = self.empty_cache(reserve=ids.numel())
+        cache = self.empty_cache(reserve=ids.numel(), seq_len=seq_len)
         out = self.forward(ids, positions, cache, capture=capture, observe=observe, logits=logits)
         return PrefillResult(capture.keys, capture.values,
                              capture.queries if want_queries else None, cache, out.logits,
@@ -288,18 +362,40 @@ class Runtime:
         return self.rope.rotate(keys, positions.to(keys.device), seq_len)
 
     def dense_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor],
-                    positions: torch.Tensor, reserve: int = 0, seq_len: int | None = None):
-        """A cache from pre-RoPE keys (Hkv, T, D) and values, realigned to `positions`."""
+                    positions: torch.Tensor, reserve: int = 0, seq_len: int | None = None, *,
+                    extent: "Extent | torch.Tensor | None" = None) -> KVCache:
+        """A cache from pre-RoPE keys (Hkv, T, D) and values, realigned to `positions`.
+
+        extent: the positions its context covers (default `positions`; anything outside is
+        fresh text a forward inserts). seq_len: the request's one RoPE length, default the
+        extent's end + `reserve` (the tokens the request will add).
+        """
         positions = positions.to(self.device, torch.long)
-        return [DenseKV(self.realign(k, positions, seq_len), v, positions, reserve)
-                for k, v in zip(keys, values)]
+        extent = _extent(extent, positions)
+        seq_len = seq_len or extent.end + reserve
+        return KVCache([DenseKV(self.realign(k, positions, seq_len), v, positions, reserve)
+                        for k, v in zip(keys, values)], extent, seq_len)
 
     def ragged_cache(self, keys: list[list[torch.Tensor]], values: list[list[torch.Tensor]],
                      positions: list[list[torch.Tensor]], reserve: int = 0,
-                     seq_len: int | None = None):
-        """A ragged cache: per layer, per KV head, pre-RoPE keys (n_h, D) at their positions."""
-        return [RaggedKV([self.realign(k, p, seq_len) for k, p in zip(ks, ps)], vs, ps, reserve)
-                for ks, vs, ps in zip(keys, values, positions)]
+                     seq_len: int | None = None, *,
+                     extent: "Extent | torch.Tensor | None" = None) -> KVCache:
+        """A ragged cache: per layer, per KV head, pre-RoPE keys (n_h, D) at their positions.
+
+        extent: the context's positions — pass it when some position no head kept is still
+        context (default: every position some head holds). seq_len: as in `dense_cache`.
+        """
+        extent = _extent(extent, torch.cat([p.cpu() for ps in positions for p in ps]))
+        seq_len = seq_len or extent.end + reserve
+        return KVCache([RaggedKV([self.realign(k, p, seq_len) for k, p in zip(ks, ps)], vs, ps,
+                                 reserve) for ks, vs, ps in zip(keys, values, positions)],
+                       extent, seq_len)
+
+
+def _extent(extent, held: torch.Tensor) -> Extent:
+    if isinstance(extent, Extent):
+        return extent
+    return Extent.of(held if extent is None else torch.as_tensor(extent))
 
 
 @dataclass
@@ -307,6 +403,6 @@ class PrefillResult:
     keys: list[torch.Tensor]               # per layer (Hkv, T, D), pre-RoPE
     values: list[torch.Tensor]             # per layer (Hkv, T, D)
     queries: list[torch.Tensor] | None     # per layer (Hq, T, D), pre-RoPE
-    cache: list[DenseKV]                   # rotated at the prefill positions
+    cache: KVCache                         # rotated at the prefill positions
     logits: torch.Tensor | None
     positions: torch.Tensor

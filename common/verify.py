@@ -36,8 +36,9 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def verify_runtime(rt: Runtime, n_tokens: int = 96, decode_steps: int = 8, seed: int = 0,
                    tolerance: float = TOLERANCE) -> list[Check]:
-    """Max |Δlogits| for: full prefill, segments + realignment + recompute-all, partial
-    recompute of a random nested subset over an exact cache, and greedy decode steps."""
+    """Max |Δlogits| for: full prefill, segments + realignment + recompute-all, the same with
+    fresh text between the segments, partial recompute of a random nested subset over an
+    exact cache, and greedy decode steps."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, rt.config.vocab_size, (n_tokens,), generator=gen)
     positions = torch.arange(n_tokens)
@@ -54,6 +55,8 @@ def verify_runtime(rt: Runtime, n_tokens: int = 96, decode_steps: int = 8, seed:
     cache = rt.dense_cache(keys, values, positions)
     out = rt.forward(ids, positions, cache, logits="all")
     checks.append(Check("segments + realign + recompute-all", _diff(out.logits, ref), tolerance))
+    checks.append(Check("interleaved: fresh text between segments + recompute-all",
+                        _interleaved_diff(rt, ids, ref), tolerance))
 
     subset = torch.randperm(n_tokens, generator=gen)[: n_tokens // 4]
     subset = torch.unique(torch.cat([subset, torch.tensor([n_tokens - 1])]))
@@ -71,6 +74,21 @@ def verify_runtime(rt: Runtime, n_tokens: int = 96, decode_steps: int = 8, seed:
     checks.append(Check(f"{decode_steps} greedy decode steps",
                         _decode_diff(rt, ids, decode_steps), tolerance))
     return checks
+
+
+def _interleaved_diff(rt: Runtime, ids: torch.Tensor, ref: torch.Tensor) -> float:
+    """SparseX Sec. 3–4 layout: [text][doc A][text][doc B][question], the docs prefilled alone
+    and cached at their offsets, the texts not cached at all. Recompute-all inserts the fresh
+    tokens between the cached ones in the same forward and must equal the joint prefill."""
+    n = ids.numel()
+    docs = [(n // 8, n // 2), (5 * n // 8, 7 * n // 8)]
+    parts = [rt.prefill(ids[a:b]) for a, b in docs]  # each from position 0
+    keys = [torch.cat([p.keys[i] for p in parts], 1) for i in range(rt.n_layers)]
+    values = [torch.cat([p.values[i] for p in parts], 1) for i in range(rt.n_layers)]
+    held = torch.cat([torch.arange(a, b) for a, b in docs])
+    cache = rt.dense_cache(keys, values, held, seq_len=n)
+    out = rt.forward(ids, torch.arange(n), cache, logits="all")
+    return _diff(out.logits, ref)
 
 
 def _decode_diff(rt: Runtime, ids: torch.Tensor, steps: int) -> float:

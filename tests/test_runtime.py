@@ -125,8 +125,10 @@ def test_active_set_rules():
         rt.forward(ids3, run, cache, [run])
     with pytest.raises(CacheError, match="increasing"):
         rt.forward(ids3.flip(0), run.flip(0), cache)
+    gap = rt.prefill(ids[:2], torch.tensor([0, 5]))  # its context: 0–5, a dense cache of 0 and 5
+    gapped = rt.dense_cache(gap.keys, gap.values, torch.tensor([0, 5]), extent=torch.arange(6))
     with pytest.raises(CacheError, match="not in the cache"):  # a gap is neither held nor new
-        rt.forward(ids[:1], torch.tensor([3]), rt.prefill(ids[:2], torch.tensor([0, 5])).cache)
+        rt.forward(ids[:1], torch.tensor([3]), gapped)
     rt.forward(ids3, run, cache, [run, run, torch.tensor([16, 17])])  # valid plan runs
 
 

@@ -13,30 +13,47 @@ from typing import ClassVar
 
 import torch
 
-from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
+from kvedge.common.kvcache import DenseKV, Extent, KVCache, LayerKV, RaggedKV
 from kvedge.common.registry import validate
 from kvedge.common.runtime import ActivePlan, Observer
 
 
 @dataclass
 class Composed:
+    """[prefix][text 0][segment 0][text 1][segment 1]...[question]: cached segments and fresh
+    text interleaved in any order (SparseX Sec. 3–4: system text, doc A, user text, doc B,
+    question). `texts[i]` is the fresh text just before segment i (missing or empty: none);
+    the question is the fresh text after the last one. Fresh tokens are not in the cache: they
+    run in the same forward as the question and are inserted at their positions."""
+
     prefix_ids: list[int]
     prefix_keys: list[torch.Tensor]     # per layer (Hkv, P, D), pre-RoPE, exact
     prefix_values: list[torch.Tensor]
     segments: list                      # KVContexts (pre-RoPE, maybe ragged per head)
     question_ids: list[int]
+    texts: tuple[list[int], ...] = ()   # fresh text before each segment (at most one each)
+
+    def __post_init__(self):
+        if len(self.texts) > len(self.segments):
+            raise ValueError(f"{len(self.texts)} fresh texts for {len(self.segments)} segments: "
+                             "each text goes before a segment (the question goes last)")
+
+    def text_before(self, i: int) -> list[int]:
+        return list(self.texts[i]) if i < len(self.texts) else []
 
     @property
     def offsets(self) -> list[int]:
         """Position of each segment's first token in the composed prompt."""
         out, pos = [], len(self.prefix_ids)
-        for seg in self.segments:
+        for i, seg in enumerate(self.segments):
+            pos += len(self.text_before(i))
             out.append(pos)
             pos += seg.n_tokens
         return out
 
     @property
     def context_ids(self) -> list[int]:
+        """The segments' tokens (the cached context; fresh texts not included)."""
         return [t for seg in self.segments for t in seg.token_ids]
 
     @property
@@ -49,13 +66,24 @@ class Composed:
 
     @property
     def question_start(self) -> int:
-        return self.n_prefix + self.n_context
+        return self.n_prefix + sum(len(t) for t in self.texts) + self.n_context
 
     def question_positions(self) -> torch.Tensor:
         return torch.arange(self.question_start, self.question_start + len(self.question_ids))
 
+    def fresh_positions(self) -> torch.Tensor:
+        """Every position not cached: the fresh texts', then the question's (SparseX's I_nr)."""
+        texts = [torch.arange(off - len(self.text_before(i)), off)
+                 for i, off in enumerate(self.offsets)]
+        return torch.cat(texts + [self.question_positions()])
+
+    def seq_len(self, max_new_tokens: int = 0) -> int:
+        """The request's one RoPE length: the composed prompt plus the decode reserve."""
+        return self.question_start + len(self.question_ids) + max_new_tokens
+
     def all_ids(self) -> list[int]:
-        return self.prefix_ids + self.context_ids + self.question_ids
+        pieces = [self.text_before(i) + list(seg.token_ids) for i, seg in enumerate(self.segments)]
+        return self.prefix_ids + [t for piece in pieces for t in piece] + self.question_ids
 
 
 @dataclass
@@ -87,19 +115,27 @@ class ReuseStrategy:
         return Plan(cache, torch.tensor(composed.question_ids), composed.question_positions())
 
 
-def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int = 0):
-    """The prompt's context KV as a runtime cache: prefix + every segment at its offset.
+def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int = 0,
+                   seq_len: int | None = None) -> KVCache:
+    """The prompt's cached KV as a runtime cache: prefix + every segment at its offset.
 
     realign=True rotates each segment's keys to its composed positions (PIE, A3 Eq. 2);
     realign=False keeps the rotation of the positions it was prefilled at (full reuse) while
     masking by composed positions. Dense when every head kept every token; ragged once anything
     was evicted (recomputing an evicted token then computes it without storing it back, in every
     head alike — a dense cache would treat the hole as an error).
+
+    The cache's extent is the prefix and every segment whole, evicted tokens included (an
+    evicted token that is recomputed is context, not new); the fresh texts and the question
+    lie outside it, so the runtime inserts them. `reserve`: what the request adds after the
+    last segment (question + decoded tokens). seq_len: the request's one RoPE length, for
+    these keys and every later query (default `question_start + reserve`, which is
+    `composed.seq_len(max_new_tokens)` when reserve = question + max_new_tokens).
     """
     offsets = composed.offsets
     n_prefix = composed.n_prefix
     prefix_pos = torch.arange(n_prefix)
-    seq_len = composed.question_start + len(composed.question_ids) + reserve
+    seq_len = seq_len or composed.question_start + reserve
     layers = []
     for layer in range(rt.n_layers):
         heads_k, heads_v, heads_pos = [], [], []
@@ -123,4 +159,5 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
                                   reserve))
         else:
             layers.append(RaggedKV(heads_k, heads_v, heads_pos, reserve))
-    return layers
+    segments = [(off, off + seg.n_tokens) for seg, off in zip(composed.segments, offsets)]
+    return KVCache(layers, Extent([(0, n_prefix)] + segments), seq_len)
