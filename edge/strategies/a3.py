@@ -42,9 +42,6 @@ class A3(ShallowSelection):
     name = "a3"
 
     def score(self, rt, composed, state, q, q_pos, cache_layer):
-        q_start = composed.question_start
-        is_q = q_pos >= q_start
-        scores = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
-                                    rt.layers[self.layer].window,
-                                    q_start + len(composed.question_ids))
-        return scores[composed.n_prefix:q_start]
+        is_q = q_pos >= composed.question_start
+        return question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
+                                  rt.layers[self.layer].window, composed.seq_len())

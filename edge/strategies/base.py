@@ -77,6 +77,17 @@ class Composed:
                  for i, off in enumerate(self.offsets)]
         return torch.cat(texts + [self.question_positions()])
 
+    def reused_positions(self) -> torch.Tensor:
+        """The segments' positions (SparseX's I_reuse): what selective recompute picks from."""
+        return torch.cat([torch.arange(off, off + seg.n_tokens)
+                          for seg, off in zip(self.segments, self.offsets)])
+
+    def run_span(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, positions) of everything after the prefix — segments, fresh texts and the
+        question — which is what a shallow-selection plan runs at layer 0."""
+        positions = torch.arange(self.n_prefix, self.question_start + len(self.question_ids))
+        return torch.tensor(self.all_ids())[positions], positions
+
     def seq_len(self, max_new_tokens: int = 0) -> int:
         """The request's one RoPE length: the composed prompt plus the decode reserve."""
         return self.question_start + len(self.question_ids) + max_new_tokens
@@ -111,8 +122,10 @@ class ReuseStrategy:
         raise NotImplementedError
 
     def question_plan(self, composed: Composed, cache) -> Plan:
-        """Run only the question over `cache` (the reuse strategies' common case)."""
-        return Plan(cache, torch.tensor(composed.question_ids), composed.question_positions())
+        """Run only the fresh tokens — texts between segments, then the question — over
+        `cache` (the reuse strategies' common case)."""
+        fresh = composed.fresh_positions()
+        return Plan(cache, torch.tensor(composed.all_ids())[fresh], fresh)
 
 
 def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int = 0,

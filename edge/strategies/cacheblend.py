@@ -15,12 +15,12 @@ from kvedge.edge.strategies.registry import STRATEGIES
 from kvedge.edge.strategies.shallow import ShallowSelection
 
 
-def values_by_position(cache_layer) -> torch.Tensor:
-    """Values as (Hkv, max_pos + 1, D), indexed by position; zeros where a head holds none."""
+def values_by_position(cache_layer, n_positions: int) -> torch.Tensor:
+    """Values as (Hkv, n_positions, D), indexed by position; zeros where a head holds none
+    (sized by the prompt, not the largest held position: a segment's tail may be evicted)."""
     groups = cache_layer.heads()
     n_kv = sum(g.values.shape[0] for g in groups)
-    top = max((int(g.positions.max()) for g in groups if g.positions.numel()), default=-1) + 1
-    out = torch.zeros(n_kv, top, groups[0].values.shape[-1])
+    out = torch.zeros(n_kv, n_positions, groups[0].values.shape[-1])
     for g in groups:
         out[g.kv_heads, g.positions] = g.values.float()
     return out
@@ -32,9 +32,8 @@ class CacheBlend(ShallowSelection):
     name = "cacheblend"
 
     def before(self, rt, composed, cache):
-        return values_by_position(cache[self.layer])  # the reused (stale) values
+        return values_by_position(cache[self.layer], composed.seq_len())  # reused (stale) values
 
     def score(self, rt, composed, stale, q, q_pos, cache_layer):
-        fresh = values_by_position(cache_layer)
-        context = torch.arange(composed.n_prefix, composed.question_start)
-        return (fresh[:, context] - stale[:, context]).norm(dim=-1).sum(0)
+        fresh = values_by_position(cache_layer, composed.seq_len())
+        return (fresh - stale).norm(dim=-1).sum(0)

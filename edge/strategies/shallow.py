@@ -29,7 +29,8 @@ class ShallowSelection(ReuseStrategy):
 
     def score(self, rt, composed: Composed, state, q: torch.Tensor, q_pos: torch.Tensor,
               cache_layer) -> torch.Tensor:
-        """Scores (n_context,) of the context tokens, at `self.layer`."""
+        """Scores indexed by position (at least up to the question), at `self.layer`; only
+        the reused positions' scores are read."""
         raise NotImplementedError
 
     def plan(self, rt, composed: Composed, reserve: int) -> Plan:
@@ -39,19 +40,20 @@ class ShallowSelection(ReuseStrategy):
         cache = assemble_cache(rt, composed, realign=True,
                                reserve=len(composed.question_ids) + reserve)
         state = self.before(rt, composed, cache)
-        start, question = composed.n_prefix, composed.question_positions()
-        budget = round(self.ratio * composed.n_context)
+        reused, fresh = composed.reused_positions(), composed.fresh_positions()
+        budget = round(self.ratio * reused.numel())
         chosen: list[torch.Tensor] = []
 
         def observe(layer, q, q_pos, cache_layer):
             if layer == self.layer and not chosen:
-                scores = self.score(rt, composed, state, q, q_pos, cache_layer)
+                scores = self.score(rt, composed, state, q, q_pos, cache_layer)[reused]
                 top = torch.topk(scores, min(budget, scores.numel())).indices
-                chosen.append(torch.sort(top + start).values)
+                chosen.append(reused[top])
 
         def active(layer, current):
-            return None if layer <= self.layer else torch.cat([chosen[0], question])
+            if layer <= self.layer:
+                return None
+            return torch.sort(torch.cat([chosen[0], fresh])).values
 
-        run_pos = torch.arange(start, composed.question_start + len(question))
-        run_ids = torch.tensor(composed.context_ids + composed.question_ids)
+        run_ids, run_pos = composed.run_span()
         return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)

@@ -79,16 +79,16 @@ class SparseX(ReuseStrategy):
     def plan(self, rt, composed: Composed, reserve: int) -> Plan:
         cache = assemble_cache(rt, composed, realign=True,
                                reserve=len(composed.question_ids) + reserve)
-        fresh = composed.question_positions()           # I_nr
-        reused = torch.arange(composed.n_prefix, composed.question_start)
+        fresh = composed.fresh_positions()              # I_nr
+        reused = composed.reused_positions()            # I_reuse
         fixed = self.fixed_set(composed, fresh, reused)  # S_ov ∪ S_tail ∪ segment heads
         budget = round(self.ratio * reused.numel())
-        all_ids = torch.tensor(composed.all_ids())
         ell = self.boundary_layer(rt.n_layers)
         if ell == 0:
-            scores = self.layer0_scores(rt, composed, cache, all_ids[fresh], fresh)
+            all_ids = torch.tensor(composed.all_ids())
+            scores = self.layer0_scores(rt, cache, all_ids[fresh], fresh)
             chosen = self.recompute_set(scores, reused, fixed, budget)
-            run = torch.cat([chosen, fresh])
+            run = torch.sort(torch.cat([chosen, fresh])).values
             return Plan(cache, all_ids[run], run, recomputed=chosen.numel())
         chosen: list[torch.Tensor] = []
 
@@ -96,16 +96,15 @@ class SparseX(ReuseStrategy):
             if layer == ell - 1 and not chosen:
                 is_q = torch.isin(q_pos, fresh)
                 s = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
-                                       rt.layers[layer].window, composed.question_start +
-                                       len(composed.question_ids))
+                                       rt.layers[layer].window, composed.seq_len())
                 chosen.append(self.recompute_set(s, reused, fixed, budget))
 
         def active(layer, current):
-            return None if layer < ell else torch.cat([chosen[0], fresh])
+            return None if layer < ell else torch.sort(torch.cat([chosen[0], fresh])).values
 
-        run = torch.arange(composed.n_prefix, int(fresh[-1]) + 1)
+        run_ids, run = composed.run_span()
         recomputed = min(budget, reused.numel() - fixed.numel()) + fixed.numel()
-        return Plan(cache, all_ids[run], run, active, recomputed=recomputed, observe=observe)
+        return Plan(cache, run_ids, run, active, recomputed=recomputed, observe=observe)
 
     def fixed_set(self, composed: Composed, fresh: torch.Tensor,
                   reused: torch.Tensor) -> torch.Tensor:
@@ -133,15 +132,13 @@ class SparseX(ReuseStrategy):
         return torch.sort(torch.cat([top, fixed])).values
 
     @staticmethod
-    def layer0_scores(rt, composed: Composed, cache, ids: torch.Tensor,
-                      fresh: torch.Tensor) -> torch.Tensor:
+    def layer0_scores(rt, cache, ids: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """s_j of Eq. 2 without hybrid attention: the non-reused tokens' layer-0 queries
         against the aligned cached keys (and their own fresh keys, which share the softmax)."""
         from kvedge.common.kvcache import DenseKV
         from kvedge.common.runtime import rms_norm
 
-        w = rt.layers[0]
-        seq_len = composed.question_start + len(composed.question_ids)
+        w, seq_len = rt.layers[0], cache.seq_len
         q, k, v = rt.qkv(w, rms_norm(F.embedding(ids, rt.embed), w.ln1, rt.eps))
         q, k = rt.realign(q, fresh, seq_len), rt.realign(k, fresh, seq_len)
         held = cache[0].heads()
@@ -155,4 +152,4 @@ class SparseX(ReuseStrategy):
 
             layer = RaggedKV([k_[0] for k_ in keys], [v_[0] for v_ in vals], pos)
         q = q.view(rt.n_kv, rt.group, -1, rt.head_dim)
-        return question_attention(q, fresh, layer, rt.scale, w.window, seq_len)
+        return question_attention(q, fresh, layer, rt.scale, w.window, seq_len)  # (seq_len,)
