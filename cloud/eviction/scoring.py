@@ -32,23 +32,26 @@ def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str
     reduce: "max" over (group, probe positions) — Eq. 8; "sum" — SnapKV's vote.
     window: only the probe's last `window` queries vote (SnapKV's observation window).
     """
-    last = max(layer.max_pos for layer in cache)
+    last = cache.extent.end - 1
     scores = [torch.zeros(rt.n_kv, n_context) for _ in range(rt.n_layers)]
     first_voter = len(probe_ids) - window if window else 0
 
     def observe(layer, q, q_pos, cache_layer):
-        k, _, k_pos = cache_layer.view()
         for start in range(0, q.shape[2], QUERY_CHUNK):
             rows = slice(start, start + QUERY_CHUNK)
             voters = q_pos[rows] - (last + 1) >= first_voter
-            if not bool(voters.any()):
-                continue
-            probs = attention_probs(q[:, :, rows][:, :, voters], k, q_pos[rows][voters], k_pos,
+            if bool(voters.any()):
+                vote(layer, q[:, :, rows][:, :, voters], q_pos[rows][voters], cache_layer)
+
+    def vote(layer, q, q_pos, cache_layer):
+        for group in cache_layer.heads():
+            probs = attention_probs(q[group.kv_heads], group.keys, q_pos, group.positions,
                                     rt.scale, rt.layers[layer].window)[..., :n_context]
+            mine = scores[layer][group.kv_heads]
             if reduce == "max":
-                scores[layer] = torch.maximum(scores[layer], probs.amax(dim=(1, 2)).cpu())
+                mine.copy_(torch.maximum(mine, probs.amax(dim=(1, 2)).cpu()))
             else:
-                scores[layer] += probs.sum(dim=(1, 2)).cpu()
+                mine += probs.sum(dim=(1, 2)).cpu()
 
     ids = torch.tensor(probe_ids)
     rt.forward(ids, torch.arange(last + 1, last + 1 + ids.numel()), cache, observe=observe,
