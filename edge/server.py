@@ -26,7 +26,7 @@ class EdgeService(pb_grpc.EdgeServicer):
     def Ask(self, request, context):
         ns = check_name("namespace", request.namespace or "default")
         principal(self.tokens, context).require(ns)
-        target = Target(ns, check_name("knowledge base", request.kb))
+        target = Target.in_namespace(ns, request.kb)  # "NAME" or "NAME@VARIANT"
         for event in self.engine.ask(target, request.question,
                                      strategy=request.strategy or self.default_strategy,
                                      top_k=request.top_k or self.top_k,

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvedge.common.auth import check_name
+from kvedge.common.auth import check_name, check_variant
 from kvedge.common.fsutil import write_json_atomic
 from kvedge.common.pack.container import read_manifest
 
@@ -29,11 +29,16 @@ class Target:
 
     @classmethod
     def parse(cls, spec: str, default_namespace: str = "default") -> "Target":
-        """'kb', 'ns/kb' or 'ns/kb@variant'."""
+        """'kb', 'kb@variant', 'ns/kb' or 'ns/kb@variant' (DESIGN.md decision 8)."""
         ns, _, rest = spec.rpartition("/")
-        kb, _, variant = rest.partition("@")
-        return cls(check_name("namespace", ns or default_namespace),
-                   check_name("knowledge base", kb), variant)
+        return cls.in_namespace(check_name("namespace", ns or default_namespace), rest)
+
+    @classmethod
+    def in_namespace(cls, namespace: str, spec: str) -> "Target":
+        """'kb' or 'kb@variant' in a namespace the caller already checked (an Ask request
+        names its namespace apart, so a '/' in its kb is refused, not a namespace switch)."""
+        kb, _, variant = spec.partition("@")
+        return cls(namespace, check_name("knowledge base", kb), check_variant(variant))
 
     @property
     def key(self) -> str:

@@ -437,10 +437,22 @@ def test_codec_job_writes_a_smaller_variant_the_edge_can_serve(client, cloud, tm
     assert [j.job_id for j in client.list_jobs("default")][-1] == job.job_id
     loaded = load_model(MODEL)
     cache = PackCache(tmp_path / "packs", loaded.fingerprint)
-    target = Target.parse(f"default/jobbed@{job.variant}")
-    Syncer(client, cache, tmp_path, [target], loaded.tokenizer.decode).sync_once()
+    targets = [Target.parse(f"default/jobbed@{job.variant}"), Target.parse("default/jobbed")]
+    Syncer(client, cache, tmp_path, targets, loaded.tokenizer.decode).sync_once()
     engine = EdgeEngine(loaded, cache, tmp_path)
-    assert list(engine.ask(target, "alpha code?", max_new_tokens=2))[-1].tokens == 2
+    server, port = serve_edge(engine, tmp_path, "127.0.0.1:0")  # one edge, both variants
+    try:
+        with EdgeClient(f"127.0.0.1:{port}", (tmp_path / "edge.token").read_text().strip()) as edge:
+            ask = lambda kb: list(edge.ask("default", kb, "alpha code?", max_new_tokens=2))[-1]  # noqa
+            compressed, plain = ask(f"jobbed@{job.variant}"), ask("jobbed")
+            assert compressed.tokens == plain.tokens == 2
+            assert compressed.bytes_loaded < plain.bytes_loaded  # the int4 packs were read
+            with pytest.raises(NotFound, match="no synced copy"):
+                ask("jobbed@kvzip-0.2-fp16")
+            with pytest.raises(InvalidName):
+                ask("jobbed@../../tokens")
+    finally:
+        server.stop(0)
 
 
 def test_job_reports_failed_contexts_and_publishes_nothing(client, cloud, tmp_path):

@@ -281,3 +281,21 @@ def test_every_local_manifest_points_at_cached_packs(cloud, tmp_path, packs):
     for path in (tmp_path / "state" / "kbs").rglob("*.json"):
         for seg in json.loads(path.read_text())["segments"]:
             assert cache.has(seg["pack_id"]), f"{path.name} lost {seg['pack_id'][:8]}"
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("kb@contrastkv-0.2-int4+zstd", ("default", "kb", "contrastkv-0.2-int4+zstd")),
+    ("ns/kb@none-1-fp16", ("ns", "kb", "none-1-fp16")),
+    ("kb@", ("default", "kb", "")),
+])
+def test_a_kb_is_addressed_ns_name_at_variant(spec, want):
+    t = Target.parse(spec)
+    assert (t.namespace, t.kb, t.variant) == want
+
+
+@pytest.mark.parametrize("spec", ["kb@../x", "kb@a/b", "kb@.hidden", "kb@a..b", "kb@a\\n"])
+def test_variant_names_cannot_leave_the_manifest_folder(spec):
+    with pytest.raises(InvalidName):
+        Target.parse(spec)
+    with pytest.raises(InvalidName):
+        Target.in_namespace("default", spec)
