@@ -11,6 +11,7 @@ import grpc
 
 from kvedge.common.errors import BadInput
 from kvedge.common.kbfiles import scan_folder
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import CHUNK, RpcClient, metadata, raise_remote
@@ -108,7 +109,7 @@ class CloudClient(RpcClient):
     # ------------------------------------------------------------------ batch jobs
 
     def submit_job(self, namespace: str, kbs: list[str], method: str, budget: float,
-                   codec: str = "fp16") -> pb.JobInfo:
+                   codec: str = DEFAULT_CODEC) -> pb.JobInfo:
         return self._call(self.stub.SubmitJob, pb.JobRequest(namespace=namespace, kbs=kbs,
                                                              method=method, budget=budget,
                                                              codec=codec))

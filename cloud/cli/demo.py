@@ -6,20 +6,20 @@ import sys
 import click
 
 from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 
 @click.command("demo")
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True)
 @click.option("--keep", is_flag=True, help="keep the demo's data folder")
-@click.option("--codec", default=None, help="pack codec [default: the default codec]")
+@click.option("--codec", default=DEFAULT_CODEC, show_default=True, help="pack codec")
 @click.option("--kb-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="another KB folder with a questions.json [default: the bundled one]")
 def demo_cmd(model_name, keep, codec, kb_dir):
     """Gateway + edge on this machine: upload the bundled KB, ask its questions, compare."""
     from kvedge.cloud.demo import DEMO_KB, run_demo
 
-    settings = dict(codec=codec) if codec else {}
-    ok = run_demo(model_name, keep=keep, echo=click.echo, kb_dir=kb_dir or DEMO_KB, **settings)
+    ok = run_demo(model_name, keep=keep, echo=click.echo, codec=codec, kb_dir=kb_dir or DEMO_KB)
     sys.exit(0 if ok else 1)
 
 

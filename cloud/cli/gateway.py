@@ -7,6 +7,7 @@ import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, home_path
 from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 
 @click.group("cloud")
@@ -22,8 +23,8 @@ def cloud_group():
 @click.option("--store", "store_url", default=None, help="fsspec URL for packs [default: <data>/store]")
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True)
 @click.option("--segment-tokens", default=512, show_default=True)
-@click.option("--codec", default=None, help="codec of the base pack variant [default: the "
-              "gateway's default codec]")
+@click.option("--codec", default=DEFAULT_CODEC, show_default=True,
+              help="codec of the base pack variant")
 @click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
 @click.option("--cpus-per-actor", default=None, type=int, help="[default: all CPUs / actors]")
 def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec, actors,
@@ -40,10 +41,8 @@ def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_toke
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     cpus = cpus_per_actor or max(1, (os.cpu_count() or 1) // actors)
-    settings = dict(codec=codec) if codec else {}
     config = GatewayConfig(Path(data_dir) if data_dir else home_path("cloud"), store_url,
-                           model_name, segment_tokens, actors=actors, cpus_per_actor=cpus,
-                           **settings)
+                           model_name, segment_tokens, codec, actors, cpus)
     start_ray(ray_address, num_cpus=None if ray_address else max(os.cpu_count() or 1, cpus))
     server, gateway, port = serve(config, address)
     host = address.rsplit(":", 1)[0]

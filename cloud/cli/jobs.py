@@ -7,6 +7,7 @@ import click
 
 from kvedge.cloud.cli.connect import cloud_client, with_cloud
 from kvedge.common.cli import RegistryChoice, echo_json, echo_messages, proto_dict
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 
 def _methods():
@@ -46,7 +47,7 @@ def job_group():
               help="eviction method (none: re-encode only)")
 @click.option("--budget", type=float, default=1.0, show_default=True,
               help="fraction of KV pairs kept")
-@click.option("--codec", default="fp16", show_default=True, callback=_check_codec,
+@click.option("--codec", default=DEFAULT_CODEC, show_default=True, callback=_check_codec,
               help="pack codec spec, e.g. int4+zstd")
 @with_cloud
 @click.option("--wait/--no-wait", default=True, show_default=True)
