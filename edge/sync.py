@@ -70,7 +70,8 @@ class Syncer:
             try:
                 fetched[target.key] = self._sync(target)
             except Exception as err:  # noqa: BLE001 - re-raised below, after the others
-                log.warning("sync of %s failed: %s: %s", target.key, type(err).__name__, err)
+                log.warning("sync of %s failed (serving it from the local cache): %s: %s",
+                            target.key, type(err).__name__, err)
                 failures.append(err)
         self.cache.pinned = self.referenced()
         self.cache.evict()
@@ -127,8 +128,7 @@ class Syncer:
                 self.sync_once()
                 self.last_error = None
             except Exception as err:  # noqa: BLE001 - the cloud may be down; keep serving
-                self.last_error = f"{type(err).__name__}: {err}"
-                log.warning("sync failed (serving from the local cache): %s", self.last_error)
+                self.last_error = f"{type(err).__name__}: {err}"  # sync_once logged each one
             self._stop.wait(interval)
 
     def stop(self) -> None:
