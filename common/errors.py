@@ -30,6 +30,13 @@ class BadInput(InvalidRequest):
     """An uploaded knowledge base or a question that cannot be used (binary, empty, too long)."""
 
 
+class RequestTooLarge(KvedgeError):
+    """A request that would need more than the service allows (prompt beyond the model's
+    context, an oversized question): refused before anything is allocated for it."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class UnknownModel(InvalidRequest):
     """A model name is neither registered nor a local Hugging Face folder."""
 

@@ -14,12 +14,18 @@ from typing import Iterator, Mapping
 
 import torch
 
-from kvedge.common.errors import BadInput, NotFound
+from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.strategies import Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
 
 INSTRUCTION = "Answer the question using the documents above. Answer briefly."
+# Request limits: checked before anything is tokenized, loaded or allocated for a request, so
+# one request cannot take the daemon's memory (a 60,000-character question once needed 23 GB)
+MAX_QUESTION_TOKENS = 1024
+MAX_NEW_TOKENS = 1024
+MAX_TOP_K = 32
+CHARS_PER_TOKEN_BOUND = 16  # no tokenizer makes tokens longer on average than this
 
 
 @dataclass
@@ -114,6 +120,32 @@ class EdgeEngine:
                "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
                "prompt_tokens": len(composed.all_ids())}
 
+    def check_request(self, question: str, top_k: int, max_new_tokens: int) -> None:
+        """The request's sizes, before any work: InvalidRequest / RequestTooLarge."""
+        if not question.strip():
+            raise BadInput("the question is empty")
+        if len(question) > MAX_QUESTION_TOKENS * CHARS_PER_TOKEN_BOUND:
+            raise RequestTooLarge(f"the question has {len(question)} characters; at most "
+                                  f"{MAX_QUESTION_TOKENS} tokens are allowed")
+        if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+            raise InvalidRequest(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], "
+                                 f"got {max_new_tokens}")
+        if not 1 <= top_k <= MAX_TOP_K:
+            raise InvalidRequest(f"top_k must be in [1, {MAX_TOP_K}], got {top_k}")
+
+    def check_fits(self, context_tokens: int, question: str, max_new_tokens: int) -> None:
+        """The composed prompt and the answer within the model's context window."""
+        n_question = len(self.question_ids(question))
+        if n_question > MAX_QUESTION_TOKENS:
+            raise RequestTooLarge(f"the question has {n_question} tokens; at most "
+                                  f"{MAX_QUESTION_TOKENS} are allowed")
+        total = len(self.prefix_ids) + context_tokens + n_question + max_new_tokens
+        window = self.rt.config.max_position_embeddings
+        if total > window:
+            raise RequestTooLarge(f"prompt ({total - max_new_tokens} tokens) + max_new_tokens "
+                                  f"({max_new_tokens}) exceed the model's {window}-token context; "
+                                  "ask with a smaller top_k or max_new_tokens")
+
     def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
             max_new_tokens: int = 48,
             options: Mapping[str, str] | None = None) -> Iterator[str | AskResult]:
@@ -121,13 +153,13 @@ class EdgeEngine:
         `options` are the strategy's (checked against its fields: InvalidOption if bad)."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
-        if not question.strip():
-            raise BadInput("the question is empty")
+        self.check_request(question, top_k, max_new_tokens)
         with self._lock:  # one answer at a time: 2 cores, one model copy
             kb = self._kb(target)
             # the best segment goes last, next to the question: small models copy from there
             picked = kb.index.top_k(question, top_k)[::-1]
             metas = [kb.manifest["segments"][i] for i in picked]
+            self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
             composed = self.compose([self.cache.load(m["pack_id"]) for m in metas], question)
             setup = time.perf_counter() - start
             for event in self.answer(composed, chosen, max_new_tokens):

@@ -28,7 +28,7 @@ from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.server import serve as serve_edge
 from kvedge.cloud.cli import kvctl
-from kvedge.common.errors import InvalidOption
+from kvedge.common.errors import InvalidOption, InvalidRequest, RequestTooLarge
 from kvedge.common.registry import option
 from kvedge.edge.strategies import STRATEGIES, Plan, ReuseStrategy, UnknownStrategy, assemble_cache
 from kvedge.edge.sync import Syncer, Target
@@ -265,10 +265,11 @@ def test_ask_streams_an_answer_with_timings(edge, strategy):
     assert done.bytes_loaded > 0 and done.fp16_bytes > 0
     local = edge["syncer"].local(Target("default", "served"))["segments"]
     n_context = sum(local[i]["n_tokens"] for i in done.segments)
-    epic = sum(min(n, 40) for n in (local[i]["n_tokens"] for i in done.segments))
+    sizes = [local[i]["n_tokens"] for i in done.segments]
     overflow = min(16, n_context)  # sparsex: the block before the question
     expected = {"recompute": n_context, "a3": round(0.15 * n_context),
-                "cacheblend": round(0.15 * n_context), "epic": epic,
+                "cacheblend": round(0.15 * n_context), "epic": sum(min(n, 16) for n in sizes),
+                "legolink": sum(min(n, 40) for n in sizes),
                 "sparsex": min(round(0.15 * n_context), n_context - overflow) + overflow,
                 }.get(strategy, 0)
     assert done.recomputed_tokens == expected
@@ -355,6 +356,13 @@ def test_ask_errors_are_named(edge):
             list(c.ask("default", "not-served", "q?"))
         with pytest.raises(BadInput, match="empty"):
             list(c.ask("default", "served", "   "))
+        with pytest.raises(RequestTooLarge, match="characters"):  # refused before tokenizing
+            list(c.ask("default", "served", "What is the alpha code? " * 2500))
+        with pytest.raises(RequestTooLarge, match="context"):
+            list(c.ask("default", "served", "alpha? " * 125, max_new_tokens=1024))
+        for bad in (dict(max_new_tokens=5000), dict(max_new_tokens=-1), dict(top_k=-3)):
+            with pytest.raises(InvalidRequest, match="must be in"):
+                list(c.ask("default", "served", "q?", **bad))
     with EdgeClient(edge["address"], None) as anonymous:
         with pytest.raises(Unauthenticated):
             list(anonymous.ask("default", "served", "q?"))
