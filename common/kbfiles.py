@@ -41,15 +41,21 @@ class LocalFile:
 
 def scan_folder(folder: Path | str) -> tuple[list[LocalFile], list[str]]:
     """(the .txt/.md files under `folder`, hashed; the other files, which are not uploaded).
-    Hidden files and folders are ignored; the gateway still checks every file's content."""
+    Hidden files and folders are ignored; a symbolic link that leaves the folder is refused
+    (an upload must never carry, say, /etc/passwd); the gateway still checks every file's
+    content."""
     folder = Path(folder)
     if not folder.is_dir():
         raise BadInput(f"{folder} is not a folder")
     files, skipped = [], []
+    root = folder.resolve()
     for full in sorted(folder.rglob("*")):
         rel = full.relative_to(folder)
         if not full.is_file() or any(part.startswith(".") for part in rel.parts):
             continue
+        if not full.resolve().is_relative_to(root):
+            raise BadInput(f"{rel.as_posix()} is a link to {full.resolve()}, outside {folder}: "
+                           "links may not leave the uploaded folder (copy the file in instead)")
         if full.suffix.lower() not in TEXT_SUFFIXES:
             skipped.append(rel.as_posix())
             continue

@@ -504,3 +504,19 @@ def test_contrastkv_job_writes_a_ragged_variant(client, tmp_path):
     assert variant.status == "ready" and job.variant == "contrastkv-0.3-int8"
     assert sum(s.pack_bytes for s in variant.segments) < 0.6 * sum(s.pack_bytes
                                                                    for s in base.segments)
+
+
+def test_links_leaving_the_uploaded_folder_are_refused(tmp_path):
+    from kvedge.common.kbfiles import scan_folder
+
+    outside = tmp_path / "secret.md"
+    outside.write_text("the secret is 42\n")
+    folder = write_kb(tmp_path / "kb", {"a.md": "Alpha.\n"})
+    (folder / "inner.md").symlink_to(folder / "a.md")  # inside the folder: fine
+    assert [f.path for f in scan_folder(folder)[0]] == ["a.md", "inner.md"]
+    (folder / "passwd.md").symlink_to(outside)
+    with pytest.raises(BadInput, match="passwd.md is a link to .*outside"):
+        scan_folder(folder)
+    (folder / "passwd.md").unlink()
+    (folder / "sub").symlink_to(tmp_path, target_is_directory=True)  # not followed at all
+    assert [f.path for f in scan_folder(folder)[0]] == ["a.md", "inner.md"]
