@@ -66,14 +66,21 @@ class PackCache:
             raise PackCorrupt("checksum mismatch", damaged)
 
     def load(self, pack_id: str):
-        """The decoded KVContext of a cached pack (checksums verified on every decode)."""
+        """The decoded KVContext of a cached pack (checksums verified on every decode).
+
+        A pack damaged on disk since it was verified is deleted before PackCorrupt is raised,
+        so the next sync fetches it again instead of every answer failing on it forever."""
         from kvedge.common.pack.format import read_pack
 
         with self._lock:
             if pack_id in self._decoded:
                 self._decoded.move_to_end(pack_id)
                 return self._decoded[pack_id]
-        ctx = read_pack(self.path(pack_id), self.fingerprint)
+        try:
+            ctx = read_pack(self.path(pack_id), self.fingerprint)
+        except PackCorrupt:
+            self.path(pack_id).unlink(missing_ok=True)
+            raise
         with self._lock:
             self._decoded[pack_id] = ctx
             while len(self._decoded) > self.memory_entries:

@@ -393,6 +393,28 @@ def test_fetch_resumes_and_corrupt_packs_are_never_used(edge, cloud, tmp_path):
         assert not other.has(pack)
 
 
+def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path):
+    """Damaged after it was verified (disk rot, a stray write), then the edge restarted: the
+    ask fails with PackCorrupt once, the file is dropped, the next sync fetches it again."""
+    loaded = load_model(MODEL)
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        upload_ready(c, write_kb(tmp_path / "kb", {"rot.md": "The rot code is 31337.\n"}), "rot")
+        target = Target("default", "rot")
+        cache = PackCache(tmp_path / "packs", loaded.fingerprint)
+        syncer = Syncer(c, cache, tmp_path, [target], loaded.tokenizer.decode)
+        syncer.sync_once()
+        (pack,) = [s["pack_id"] for s in syncer.local(target)["segments"]]
+        data = bytearray(cache.path(pack).read_bytes())
+        data[-100] ^= 0x20  # a payload byte
+        cache.path(pack).write_bytes(bytes(data))
+        engine = EdgeEngine(loaded, PackCache(tmp_path / "packs", loaded.fingerprint), tmp_path)
+        with pytest.raises(PackCorrupt):
+            list(engine.ask(target, "rot code?", max_new_tokens=2))
+        assert not cache.has(pack)
+        assert syncer.sync_once() == {"default/rot": 1}
+        assert list(engine.ask(target, "rot code?", max_new_tokens=2))[-1].tokens == 2
+
+
 def test_edge_keeps_answering_when_the_cloud_is_down(edge, cloud, tmp_path):
     loaded = load_model(MODEL)
     with CloudClient("127.0.0.1:1", cloud["token"]) as dead:  # nothing listens there
