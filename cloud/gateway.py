@@ -40,6 +40,9 @@ class GatewayConfig:
     codec: str = DEFAULT_CODEC
     actors: int = 1
     cpus_per_actor: int = 1
+    # prefill each segment behind the chat prefix, keeping only its KV (DESIGN.md decision 9);
+    # off until the reuse benchmark measures it against segments prefilled alone
+    anchored: bool = False
 
     def __post_init__(self):
         self.data_dir = Path(self.data_dir)
@@ -133,7 +136,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             segments = self.pool.segment(texts, seg_tokens, whole)
             self.catalog.set_progress(ns, name, BASE, "ingesting", total=len(segments))
             rows = []
-            for done, enc in enumerate(self.pool.encode_all(segments, ns, codec), 1):
+            encoded = self.pool.encode_all(segments, ns, codec, anchored=self.config.anchored)
+            for done, enc in enumerate(encoded, 1):
                 self.store.put(enc.pack_id, enc.data)
                 stored.append(enc.pack_id)
                 src = segments[enc.index].source

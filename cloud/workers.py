@@ -3,11 +3,17 @@
 `PrefillEngine` is plain Python (tests and tools construct it without Ray); `PrefillPool`
 wraps it in Ray actors, one model copy per actor, and spreads segments over them (Ray Serve
 LLM's pattern: the Ray layer is a shim over an engine passed in).
+
+A segment is prefilled alone from position 0, or — `anchored` (DESIGN.md decision 9) — behind
+the chat prefix the edge puts before the segments, keeping only the segment's KV: its first
+tokens then do not turn into an attention sink, and as the first segment of a prompt its KV is
+exactly what a full prefill computes. The pack records the anchor's token ids either way.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -18,6 +24,14 @@ from kvedge.cloud.ingest import TextSegment, make_segments
 # pack keeps the mean pre-RoPE query of the last 16 tokens: (Hq, 1, D) per layer. Keeping the
 # tokens themselves cost more than a short segment's whole KV (Hq = 3 Hkv on SmolLM2).
 QUERY_CACHE_TOKENS = 16
+
+
+def chat_prefix_ids(tokenizer) -> list[int]:
+    """The tokens the edge puts before the segments (`EdgeEngine.prefix_ids`): the chat
+    template of one user turn, up to where the turn's content starts."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer(text.split("\x00")[0])["input_ids"]
 
 
 @dataclass(frozen=True)
@@ -54,23 +68,54 @@ class PrefillEngine:
                              whole=whole, max_tokens=self.loaded.config.max_position_embeddings,
                              detokenize=tok.decode)
 
-    def encode(self, segment: TextSegment, namespace: str, codec: str) -> EncodedSegment:
-        """Prefill one segment from position 0 and encode its pre-RoPE KV as a pack."""
+    def encode(self, segment: TextSegment, namespace: str, codec: str,
+               anchored: bool = False) -> EncodedSegment:
+        """Prefill one segment (alone from position 0, or behind the chat prefix) and encode
+        its pre-RoPE KV as a pack."""
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.context import KVContext
         from kvedge.common.pack.format import encode_pack
 
-        ids = torch.tensor(segment.token_ids)
-        res = self.rt.prefill(ids, want_queries=True, logits="none")
-        ctx = KVContext.from_dense(res.keys, res.values, segment.token_ids,
+        anchor = self.anchor_ids if anchored else []
+        keys, values, queries = self.prefill_segment(segment.token_ids, anchored)
+        ctx = KVContext.from_dense(keys, values, segment.token_ids,
                                    model_fingerprint=self.loaded.fingerprint,
                                    tokenizer_id=self.loaded.tokenizer_id,
                                    queries=[q[:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True)
-                                            for q in res.queries],
-                                   query_tokens=1, namespace=namespace)
+                                            for q in queries],
+                                   query_tokens=1, namespace=namespace, anchor=anchor)
         data = encode_pack(ctx, codec)
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
                               self.fp16_bytes(ctx.n_tokens))
+
+    def prefill_segment(self, token_ids: list[int], anchored: bool = False):
+        """(keys, values, queries) per layer of the segment's tokens only, pre-RoPE, each
+        (H, T, D): prefilled from position 0, or at positions P..P+T-1 over the anchor's KV
+        (P anchor tokens), which is the joint prefill of [anchor + segment] without
+        recomputing the anchor each time."""
+        from kvedge.common.runtime import LayerCapture
+
+        ids = torch.tensor(token_ids)
+        if not anchored:
+            res = self.rt.prefill(ids, want_queries=True, logits="none")
+            return res.keys, res.values, res.queries
+        keys, values = self._anchor_kv
+        n_anchor = len(self.anchor_ids)
+        cache = self.rt.dense_cache(keys, values, torch.arange(n_anchor), reserve=ids.numel())
+        capture = LayerCapture(want_queries=True)
+        self.rt.forward(ids, torch.arange(n_anchor, n_anchor + ids.numel()), cache,
+                        capture=capture, logits="none")
+        return capture.keys, capture.values, capture.queries
+
+    @cached_property
+    def anchor_ids(self) -> list[int]:
+        return chat_prefix_ids(self.loaded.tokenizer)
+
+    @cached_property
+    def _anchor_kv(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The anchor's pre-RoPE keys and values per layer, prefilled once."""
+        res = self.rt.prefill(torch.tensor(self.anchor_ids), logits="none")
+        return res.keys, res.values
 
     def fp16_bytes(self, n_tokens: int) -> int:
         """What n tokens' full KV takes in fp16: the yardstick every pack is measured against."""
@@ -118,14 +163,16 @@ class PrefillPool:
 
         return ray.get(self._ensure()[0].segment.remote(files, segment_tokens, whole))
 
-    def encode_all(self, segments: list[TextSegment], namespace: str, codec: str):
+    def encode_all(self, segments: list[TextSegment], namespace: str, codec: str,
+                   anchored: bool = False):
         """Yield EncodedSegments as actors finish them (round-robin over actors)."""
         import ray
 
         actors = self._ensure()
         pending = []
         for seg in segments:
-            pending.append(actors[self._next % len(actors)].encode.remote(seg, namespace, codec))
+            actor = actors[self._next % len(actors)]
+            pending.append(actor.encode.remote(seg, namespace, codec, anchored))
             self._next += 1
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

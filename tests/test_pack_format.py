@@ -108,6 +108,16 @@ def test_select_refuses_positions_not_held():
         ctx.select([[torch.tensor([30, 31, 32])] * H] * L)
 
 
+def test_the_anchor_travels_with_the_pack_and_through_eviction():
+    anchored = make_context(anchor=[7, 8, 9])
+    data = encode_pack(anchored, "fp32")
+    assert read_pack(data).anchor == [7, 8, 9]
+    assert ragged(read_pack(data)).anchor == [7, 8, 9]  # a compression job keeps it
+    alone = encode_pack(make_context(), "fp32")  # what every pack before the field was
+    assert b'"anchor"' not in alone and read_pack(alone).anchor == []
+    assert open_pack(alone).id != open_pack(data).id
+
+
 def test_model_mismatch_before_any_tensor_is_decoded(tmp_path):
     write_pack(make_context(), tmp_path / "p.kvpack")
     with pytest.raises(ModelMismatch, match="re-encode"):

@@ -70,10 +70,26 @@ def test_json_roundtrip_is_canonical():
     (dict(tensors={}), "tensor list"),
     (dict(side={"nonsense": {}}), "unknown"),
     (dict(head_dim=0), "head_dim"),
+    (dict(anchor=[1, -2]), "anchor"),
+    (dict(anchor="<|im_start|>"), "anchor"),
 ])
 def test_inconsistent_manifests_are_rejected(change, message):
     with pytest.raises(PackCorrupt, match=message):
         make_manifest(**change)
+
+
+def test_anchor_is_written_only_when_set_and_absent_reads_as_alone():
+    """Decision 9: a pack says how it was prefilled. One prefilled alone has the bytes it had
+    before the field existed, so every older pack reads as prefilled alone."""
+    anchored = make_manifest(anchor=[1, 2, 3])
+    back = Manifest.from_json(anchored.to_json())
+    assert back == anchored and back.anchor == [1, 2, 3] and back.version == FORMAT_VERSION
+    alone = make_manifest()
+    assert "anchor" not in alone.to_dict() and Manifest.from_json(alone.to_json()).anchor == []
+    doc = anchored.to_dict()
+    doc["anchor"] = {"ids": [1]}
+    with pytest.raises(PackCorrupt, match="anchor"):
+        Manifest.from_dict(doc)
 
 
 def test_unknown_version_in_manifest():

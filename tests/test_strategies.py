@@ -52,7 +52,7 @@ def test_every_strategy_is_a_dataclass_of_checked_options():
     from kvedge.common.errors import InvalidOption
     from kvedge.common.registry import describe
 
-    assert SELECTIVE == ["a3", "cacheblend", "epic", "sparsex"]
+    assert SELECTIVE == ["a3", "cacheblend", "legolink", "sparsex"]  # epic: k ≤ 32
     for name, cls in STRATEGIES.items():
         assert dataclasses.is_dataclass(cls) and cls.name == name
         assert len(describe(cls)) == len(dataclasses.fields(cls))
@@ -132,6 +132,45 @@ def test_ragged_segments_assemble_a_smaller_ragged_cache():
     assert cache_nbytes(ragged) < cache_nbytes(dense)
 
 
+def context_run(plan, composed) -> set[int]:
+    """The segment positions a plan runs at layer 0 (the fresh tokens left out)."""
+    reused = set(composed.reused_positions().tolist())
+    return set(plan.run_positions.tolist()) & reused
+
+
+def test_epic_recomputes_the_first_k_tokens_of_every_segment_and_legolink_both_ends():
+    from kvedge.common.errors import InvalidOption
+
+    rt = tiny_runtime("tiny-llama")
+    composed = composed_prompt(rt, seed=9, sizes=(60, 10, 80))
+    fresh = set(composed.fresh_positions().tolist())
+    for strategy, local in ((get_strategy("epic"), lambda n: range(min(16, n))),
+                            (get_strategy("epic", {"k": 4}), lambda n: range(4)),
+                            (get_strategy("legolink"),
+                             lambda n: {*range(min(20, n)), *range(max(n - 20, 0), n)})):
+        plan = strategy.plan(rt, composed, reserve=0)
+        want = {off + i for seg, off in zip(composed.segments, composed.offsets)
+                for i in local(seg.n_tokens)}
+        assert context_run(plan, composed) == want and plan.recomputed == len(want)
+        assert fresh <= set(plan.run_positions.tolist())
+    with pytest.raises(InvalidOption, match="'k' must be in"):
+        get_strategy("epic", {"k": 33})  # EPIC recomputes at most 32 tokens per chunk
+
+
+@pytest.mark.parametrize("texts", [(), ([], [5, 6, 7], [8, 9])])
+def test_epic_at_k_32_over_short_segments_equals_the_ceiling(texts):
+    """Segments of ≤ 32 tokens are recomputed whole: exactly full recompute, fresh text
+    between segments included."""
+    rt = tiny_runtime("tiny-llama")
+    base = composed_prompt(rt, seed=10, sizes=(20, 32, 12))
+    composed = Composed(base.prefix_ids, base.prefix_keys, base.prefix_values, base.segments,
+                        base.question_ids, texts=texts)
+    ceiling, ceiling_tokens, _ = first_logits_and_tokens(rt, get_strategy("recompute"), composed)
+    logits, tokens, plan = first_logits_and_tokens(rt, get_strategy("epic", {"k": 32}), composed)
+    assert plan.recomputed == composed.n_context
+    assert (logits - ceiling).abs().max() <= 1e-4 and tokens == ceiling_tokens
+
+
 def test_unknown_strategy_is_named():
     with pytest.raises(UnknownStrategy, match="choose one of"):
         get_strategy("oracle")
@@ -166,3 +205,38 @@ def test_sparsex_recompute_set_is_topk_plus_overflow_plus_segment_heads():
     heads = {off + i for off in composed.offsets for i in range(2)}
     assert overflow | heads <= set(context.tolist())
     assert context.numel() == plan.recomputed == round(0.1 * composed.n_context) + len(overflow | heads)
+
+
+def interleaved_prompt(rt, seed=7):
+    """[prefix][seg 0][text][seg 1][text][seg 2][question]: fresh text between segments."""
+    composed = composed_prompt(rt, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    texts = ([], torch.randint(0, 250, (5,), generator=gen).tolist(),
+             torch.randint(0, 250, (3,), generator=gen).tolist())
+    return Composed(composed.prefix_ids, composed.prefix_keys, composed.prefix_values,
+                    composed.segments, composed.question_ids, texts=texts)
+
+
+@pytest.mark.parametrize("name", SELECTIVE)
+def test_selective_strategies_at_full_ratio_are_exact_on_interleaved_prompts(name):
+    """Fresh text between cached segments runs in the same forward (SparseX Sec. 3–4)."""
+    rt = tiny_runtime("tiny-llama")
+    composed = interleaved_prompt(rt)
+    ceiling, ceiling_tokens, _ = first_logits_and_tokens(rt, get_strategy("recompute"), composed)
+    logits, tokens, plan = first_logits_and_tokens(rt, recompute_all(name), composed)
+    assert plan.recomputed == composed.n_context
+    assert (logits - ceiling).abs().max() <= 1e-4 and tokens == ceiling_tokens
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_runs_interleaved_and_with_an_evicted_segment_tail(name):
+    """A segment whose last tokens every head evicted is still context (issue 11, fix a)."""
+    rt = tiny_runtime("tiny-llama")
+    composed = interleaved_prompt(rt, seed=8)
+    last = composed.segments[-1]
+    composed.segments[-1] = last.select([[p[p < last.n_tokens - 5] for p in layer]
+                                         for layer in last.kept_positions])
+    logits, tokens, plan = first_logits_and_tokens(rt, get_strategy(name), composed)
+    assert torch.isfinite(logits).all() and len(tokens) == 6
+    if name == "sparsex":  # overflow widens the text before the last segment into both sides
+        assert plan.recomputed > 0

@@ -4,7 +4,8 @@ Every (layer, KV head) keeps its own sorted list of original positions — ragge
 eviction, nothing padded. Keys are pre-RoPE (decision 1). Two optional side tensors travel
 with the KV for SamKV (arXiv:2508.11661): per-block key summaries, which let the edge select
 blocks without loading them, and the pre-RoPE queries of the context's last tokens, from
-which SamKV builds its personalized query vectors (Eq. 1).
+which SamKV builds its personalized query vectors (Eq. 1). `anchor` records how the KV was
+prefilled (decision 9): behind those token ids, or alone from position 0 when empty.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class KVContext:
     block_size: int = 64
     block_summaries: list[torch.Tensor] | None = None
     query_cache: list[torch.Tensor] | None = None  # queries of the last n_q tokens
+    anchor: list[int] = field(default_factory=list)  # prefilled behind these ids; [] = alone
 
     def __post_init__(self):
         self.segments = [tuple(s) for s in self.segments] or [(0, len(self.token_ids))]

@@ -55,7 +55,7 @@ def encode_pack(ctx: KVContext, codec: str | Codec = DEFAULT_CODEC,
     kept = [[p.tolist() for p in layer] for layer in ctx.kept_positions]
     manifest = Manifest(ctx.model_fingerprint, ctx.tokenizer_id, ctx.namespace, ctx.n_layers,
                         ctx.n_kv_heads, ctx.head_dim, ctx.token_ids, ctx.positions,
-                        ctx.segments, kept, entries, _side_spec(ctx))
+                        ctx.segments, kept, entries, _side_spec(ctx), list(ctx.anchor))
     return assemble(manifest.to_json(), payload, FORMAT_VERSION)
 
 
@@ -155,7 +155,7 @@ class Pack:
         return KVContext(m.model_fingerprint, m.tokenizer_id, m.token_ids, m.positions,
                          heads["k"], heads["v"], kept, m.segments, m.namespace,
                          m.side.get("block_summaries", {}).get("block_size", 64),
-                         side.get("block_summaries"), side.get("query_cache"))
+                         side.get("block_summaries"), side.get("query_cache"), list(m.anchor))
 
 
 @contextmanager

@@ -6,6 +6,13 @@ its segments, and — because eviction makes a pack ragged (DESIGN.md decision 2
 runs `[first, count]` of consecutive positions: a dense pack costs a few bytes per head
 instead of a few bytes per token, and nothing is padded.
 
+How the KV was prefilled (DESIGN.md decision 9) is `anchor`: the token ids the context sat
+behind when it was prefilled (at positions -len(anchor)..-1; its own positions are unchanged),
+empty when it was prefilled alone from position 0. It is written only when non-empty, so a pack
+prefilled alone has the same bytes (and id) as before the field existed, and a pack without it
+(any older pack) reads as prefilled alone. It needs no format version: a reader that ignores it
+still reads valid pre-RoPE KV of the context's tokens.
+
 Every payload tensor has an entry: its codec (a registry name such as "int4+zstd"), the
 codec's parameters (what decoding needs), the names of its parts in the payload, and a blake3
 checksum over those parts. `Manifest.from_json` validates everything that can be checked
@@ -56,6 +63,7 @@ class Manifest:
     kept: list[list[list[int]]]       # [layer][head] sorted positions kept (subset of positions)
     tensors: dict[str, TensorEntry] = field(default_factory=dict)
     side: dict = field(default_factory=dict)  # {"block_summaries": {...}, "query_cache": {...}}
+    anchor: list[int] = field(default_factory=list)  # prefilled behind these ids; [] = alone
     version: int = FORMAT_VERSION
 
     def __post_init__(self):
@@ -92,7 +100,7 @@ class Manifest:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
-        return {
+        doc = {
             "format_version": self.version,
             "model_fingerprint": self.model_fingerprint,
             "tokenizer_id": self.tokenizer_id,
@@ -106,6 +114,9 @@ class Manifest:
             "tensors": {name: e.to_dict() for name, e in self.tensors.items()},
             "side": self.side,
         }
+        if self.anchor:  # absent = alone: unanchored packs keep their bytes
+            doc["anchor"] = self.anchor
+        return doc
 
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace, ASCII — equal manifests, equal bytes."""
@@ -141,7 +152,8 @@ class Manifest:
                    shape.integer("layers"), shape.integer("kv_heads"), shape.integer("head_dim"),
                    _int_list(d.array("token_ids"), "token_ids"),
                    from_runs(d.array("positions"), n_tokens, "positions"),
-                   segments, kept, tensors, d.object("side"), version)
+                   segments, kept, tensors, d.object("side"),
+                   _int_list(doc.get("anchor", []), "anchor"), version)
 
 
 def kv_name(kind: str, layer: int, head: int) -> str:
@@ -189,6 +201,9 @@ def validate(m: Manifest) -> None:
     if not all(_is_int(t) and 0 <= t < _MAX_INDEX for t in m.token_ids):
         raise PackCorrupt("manifest token_ids must be non-negative integers")
     _check_segments(m.segments, n)
+    if not isinstance(m.anchor, list) or not all(_is_int(t) and 0 <= t < _MAX_INDEX
+                                                 for t in m.anchor):
+        raise PackCorrupt("manifest anchor must be a list of non-negative token ids")
     _check_kept(m)
     _check_side(m.side)
     _check_tensors(m)
