@@ -27,11 +27,10 @@ QUERY_CACHE_TOKENS = 16
 
 
 def chat_prefix_ids(tokenizer) -> list[int]:
-    """The tokens the edge puts before the segments (`EdgeEngine.prefix_ids`): the chat
-    template of one user turn, up to where the turn's content starts."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}],
-                                         add_generation_prompt=True, tokenize=False)
-    return tokenizer(text.split("\x00")[0])["input_ids"]
+    """The tokens the edge puts before the segments (`EdgeEngine.prefix_ids`)."""
+    from kvedge.common.tokenizer import chat_turn
+
+    return chat_turn(tokenizer)[0]
 
 
 @dataclass(frozen=True)

@@ -79,3 +79,13 @@ def _byte_to_unicode(b: int) -> str:
     if b in printable:
         return chr(b)
     return chr(256 + sum(1 for x in range(b) if x not in printable))
+
+
+def chat_turn(tokenizer) -> tuple[list[int], str]:
+    """One user turn of the chat template split where its content goes: (the token ids before
+    it — what the edge puts before the segments and what the cloud anchors segments behind —
+    and the text after it, up to the assistant header)."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}],
+                                         add_generation_prompt=True, tokenize=False)
+    head, tail = text.split("\x00")
+    return tokenizer(head)["input_ids"], tail

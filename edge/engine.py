@@ -15,6 +15,7 @@ from typing import Iterator, Mapping
 import torch
 
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
+from kvedge.common.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.strategies import Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
@@ -61,11 +62,7 @@ class EdgeEngine:
         self.state_dir = Path(state_dir) if state_dir else None
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()
-        head, tail = self.tok.apply_chat_template([{"role": "user", "content": "\x00"}],
-                                                  add_generation_prompt=True,
-                                                  tokenize=False).split("\x00")
-        self.prefix_ids = self.tok(head)["input_ids"]
-        self.suffix = tail
+        self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same
         prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
 

@@ -25,10 +25,12 @@ def cloud_group():
 @click.option("--segment-tokens", default=512, show_default=True)
 @click.option("--codec", default=DEFAULT_CODEC, show_default=True,
               help="codec of the base pack variant")
+@click.option("--anchored/--alone", default=False, show_default=True,
+              help="prefill each segment behind the chat prefix (kept out of the pack) or alone")
 @click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
 @click.option("--cpus-per-actor", default=None, type=int, help="[default: all CPUs / actors]")
-def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec, actors,
-             cpus_per_actor):
+def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec,
+             anchored, actors, cpus_per_actor):
     """Start the gateway (blocks; Ctrl-C or SIGTERM stops it and the Ray it started)."""
     import logging
     import os
@@ -42,7 +44,8 @@ def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_toke
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     cpus = cpus_per_actor or max(1, (os.cpu_count() or 1) // actors)
     config = GatewayConfig(Path(data_dir) if data_dir else home_path("cloud"), store_url,
-                           model_name, segment_tokens, codec, actors, cpus)
+                           model_name, segment_tokens, codec, actors, cpus,
+                           anchored=anchored)
     start_ray(ray_address, num_cpus=None if ray_address else max(os.cpu_count() or 1, cpus))
     server, gateway, port = serve(config, address)
     host = address.rsplit(":", 1)[0]
