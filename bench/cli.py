@@ -7,7 +7,10 @@ Presets (each a Preset; any field can be overridden from the command line):
   tokens, 5 items — eviction methods (ours and kvpress's) at 0.2/0.1, and every reuse strategy
   on documents cut into ingest segments;
 - `full`: `eviction` and `tasks` together at 1K and 2K tokens and 0.5/0.3/0.2/0.1 budgets,
-  plus the reuse strategies × ratios on demo-KB prompts (hours on a CPU).
+  plus the reuse strategies × ratios on demo-KB prompts (hours on a CPU);
+- `reuse`: docs/reuse.md's frontier — every reuse strategy × its settings (REUSE_RATIOS,
+  REUSE_SWEEPS) against recompute on prompts of 3 and 8 fact documents (`multidoc-facts`,
+  ≈1.5K and ≈4K tokens), 100 questions each, the default strategy's TTFT split by phase.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from pathlib import Path
 
 import click
 
-from kvedge.bench.runner import KVPRESS, Preset, run_grid
+from kvedge.bench.datasets import DATASETS, FACTS
+from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
 from kvedge.common.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
@@ -27,6 +31,10 @@ KVPRESS_METHODS = [f"{KVPRESS}{p}" for p in ("full", "kvzip", "snapkv")]
 EVICT_TASKS = ["niah_single_prose", "niah_multikey_prose", "niah_multivalue",
                "variable_tracking", "multidoc_qa"]
 REUSE_TASKS = ["multidoc_qa", "niah_single_prose", "niah_multikey_prose"]
+# the reuse preset's settings: ratios of every strategy with a `ratio` option, and per
+# strategy the options crossed instead (a strategy that is not registered is skipped)
+REUSE_RATIOS = [0.05, 0.15, 0.3]
+REUSE_SWEEPS = {"sparsex": {"ratio": [0.05, 0.15], "boundary": [0, 0.1, 0.17]}}
 
 
 def _strategies() -> list[str]:
@@ -54,6 +62,16 @@ def _tasks(model: str) -> Preset:
                   _methods(kvpress=True), [0.2, 0.1], items=5, max_new_tokens=24)
 
 
+def _reuse(model: str) -> Preset:
+    from kvedge.edge.strategies import STRATEGIES
+
+    sweeps = {name: sweep for name, sweep in REUSE_SWEEPS.items() if name in STRATEGIES}
+    # SmolLM2 answers in a sentence that restates the question ("The X Mill stands in the
+    # town of Y.", up to ~22 tokens): a 16-token floor cut a third of the answers short
+    return Preset(model, [FACTS], [3, 8], _strategies(), REUSE_RATIOS, [], [], [], [],
+                  items=100, max_new_tokens=32, sweeps=sweeps)
+
+
 def preset(name: str, model: str | None) -> Preset:
     model = model or DEFAULT_MODEL
     if name == "quick":
@@ -63,6 +81,8 @@ def preset(name: str, model: str | None) -> Preset:
         return _eviction(model)
     if name == "tasks":
         return _tasks(model)
+    if name == "reuse":
+        return _reuse(model)
     if name == "full":
         ev, tasks = _eviction(model), _tasks(model)
         demo = replace(ev, reuse_tasks=["demo-kb"], reuse_lengths=[3, 6],
@@ -72,7 +92,7 @@ def preset(name: str, model: str | None) -> Preset:
     raise click.BadParameter(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
-PRESETS = ["quick", "eviction", "tasks", "full"]
+PRESETS = ["quick", "eviction", "tasks", "full", "reuse"]
 
 
 def _csv(kind=str):
@@ -88,19 +108,28 @@ def _csv(kind=str):
 
 def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=None,
                     budgets=None, strategies=None, ratios=None, items=None,
-                    max_new_tokens=None) -> Preset:
-    """The preset with the command line's choices; `suite` drops the other suite's cells.
-    Tasks, methods and strategies are checked against their registries here, before any
-    model loads."""
+                    max_new_tokens=None, sweeps=None) -> Preset:
+    """The preset with the command line's choices; `suite` drops the other suite's cells;
+    `ratios` replace every ratio list (the sweeps' too), `sweeps` ({strategy: {option:
+    values}}) set those options' values. Tasks, methods, strategies and swept options are
+    checked against their registries here, before any model loads."""
     _check_names(tasks, methods, strategies)
     p = replace(p, also=[apply_overrides(q, suite=suite, tasks=tasks, lengths=lengths,
                                          methods=methods, budgets=budgets, strategies=strategies,
                                          ratios=ratios, items=items,
-                                         max_new_tokens=max_new_tokens) for q in p.also])
+                                         max_new_tokens=max_new_tokens, sweeps=sweeps)
+                         for q in p.also])
     p = replace(p, **{k: v for k, v in dict(items=items, max_new_tokens=max_new_tokens,
                                             methods=methods, budgets=budgets,
                                             strategies=strategies, ratios=ratios).items()
                       if v is not None})
+    if ratios is not None:
+        p = replace(p, sweeps={n: {**sw, "ratio": ratios} if "ratio" in sw else sw
+                               for n, sw in p.sweeps.items()})
+    if sweeps:
+        p = replace(p, sweeps={**p.sweeps, **{n: {**p.sweeps.get(n, {}), **sw}
+                                              for n, sw in sweeps.items()}})
+        _check_sweeps(p.sweeps)
     if tasks is not None:
         p = replace(p, reuse_tasks=tasks, evict_tasks=tasks)
     if lengths is not None:
@@ -112,13 +141,39 @@ def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=
     return p
 
 
+def _check_sweeps(sweeps: dict) -> None:
+    from kvedge.common.errors import InvalidOption, UnknownStrategy
+
+    for name, sweep in sweeps.items():
+        try:
+            settings(name, [], sweep)
+        except (InvalidOption, UnknownStrategy) as err:
+            raise click.BadParameter(str(err)) from None
+
+
+def _sweep(ctx, param, values) -> dict:
+    """`--sweep sparsex:boundary=0,0.1` (repeatable) → {"sparsex": {"boundary": [0, 0.1]}}."""
+    out: dict = {}
+    for text in values:
+        name, _, rest = text.partition(":")
+        option, _, listed = rest.partition("=")
+        try:
+            out.setdefault(name.strip(), {})[option.strip()] = [
+                float(v) for v in listed.split(",") if v.strip()]
+        except ValueError as err:
+            raise click.BadParameter(f"{text!r}: {err}") from None
+        if not name.strip() or not option.strip() or not out[name.strip()][option.strip()]:
+            raise click.BadParameter(f"{text!r}: write STRATEGY:OPTION=V1,V2,...")
+    return out
+
+
 def _check_names(tasks, methods, strategies) -> None:
     from kvedge.bench.kvpress_ref import PRESSES
     from kvedge.bench.tasks import TASKS
     from kvedge.cloud.eviction import METHODS
     from kvedge.edge.strategies import STRATEGIES as REGISTRY
 
-    known = {"task": ["demo-kb", *TASKS],
+    known = {"task": [*DATASETS, *TASKS],
              "method": ["full", *METHODS, *(KVPRESS + p for p in PRESSES)],
              "strategy": list(REGISTRY)}
     for kind, names in (("task", tasks), ("method", methods), ("strategy", strategies)):
@@ -155,17 +210,28 @@ def bench():
               help="pack codec of the documents (a cell of another codec is a new cell)")
 @click.option("--suite", type=click.Choice(["evict", "reuse"]), default=None,
               help="run one suite only")
-@click.option("--tasks", callback=_csv(), help="comma list: demo-kb and generated task names")
+@click.option("--tasks", callback=_csv(),
+              help=f"comma list: {', '.join(DATASETS)} and generated task names")
 @click.option("--lengths", callback=_csv(int),
-              help="comma list: documents per prompt (demo-kb) or context tokens (generated)")
+              help=f"comma list: documents per prompt ({', '.join(DATASETS)}) or context "
+                   "tokens (generated)")
 @click.option("--methods", callback=_csv(), help="eviction methods (kvpress-* for kvpress's)")
 @click.option("--budgets", callback=_csv(float), help="fractions of KV kept")
 @click.option("--strategies", callback=_csv(), help="reuse strategies")
-@click.option("--ratios", callback=_csv(float), help="recompute ratios of a3/cacheblend")
-@click.option("--items", type=click.IntRange(1), default=None, help="items per cell")
+@click.option("--ratios", callback=_csv(float),
+              help="recompute ratios of the strategies with a ratio option")
+@click.option("--sweep", "sweeps", multiple=True, callback=_sweep,
+              help="STRATEGY:OPTION=V1,V2 (repeatable): that option's settings, crossed")
+@click.option("--breakdown", default="a3", show_default=True,
+              help="strategy (at its defaults) whose TTFT is timed by phase; '' for none")
+@click.option("--items", type=click.IntRange(1), default=None,
+              help=f"items per cell (questions, for {', '.join(DATASETS)})")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=None,
               help="decode budget floor (questions with long references get more)")
-def run_cmd(preset_name, quick, model, out_dir, codec, **overrides):
+@click.option("--anchored", is_flag=True,
+              help="reuse packs prefilled behind the chat prefix (`kvctl cloud up --anchored`); "
+              "cells do not record it: give such a run its own --out")
+def run_cmd(preset_name, quick, model, out_dir, codec, breakdown, anchored, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md."""
     from tqdm import tqdm
 
@@ -173,9 +239,12 @@ def run_cmd(preset_name, quick, model, out_dir, codec, **overrides):
     from kvedge.bench.suites import Bench
 
     p = apply_overrides(preset("quick" if quick else preset_name, model), **overrides)
+    if breakdown:
+        _check_names(None, None, [breakdown])
     out = Path(out_dir)
     results = out / "results.jsonl"
-    runner = Bench(p.model, max_new_tokens=p.max_new_tokens)
+    runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
+                   anchored=anchored)
     rows = run_grid(p, results, runner.run, codec=codec,
                     progress=lambda cells: tqdm(cells, desc="cells"))
     click.echo(f"{len(rows)} new cells → {results}")

@@ -7,7 +7,9 @@ the eviction suite an item is one context of `length` documents holding the answ
 questions (compressed once, asked all three). Generated tasks: `length` is the context's size
 in the model's tokens; the reuse suite keeps multi-document items' documents apart (the runner
 cuts long ones into the cloud's ingest segments), the eviction suite asks every question of
-the one joined context.
+the one joined context. Fact documents (`multidoc-facts`, the reuse preset's prompts): `length`
+documents about structures holding the same kinds of fact, each question answered by one of
+them; `n_items` counts questions, asked QUESTIONS_PER_PROMPT per prompt.
 """
 from __future__ import annotations
 
@@ -17,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.bench.tasks import Question
+from kvedge.bench.tasks.multidoc import FACTS, fact_documents
 
 PER_CONTEXT = 3  # questions per KBQA context
+QUESTIONS_PER_PROMPT = 2  # fact-document prompts: more questions per prompt, fewer prompts
+#                           (and packs), but more correlated questions
+DATASETS = ("demo-kb", FACTS)  # item sources whose `length` counts documents, not tokens
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,8 @@ class QAItem:
     key: str
     documents: list[str]
     questions: list[Question]
+    answer_at: tuple[int, ...] = ()  # per question: the index of the document holding its
+    #                                  answer (where one document does)
 
 
 def _demo_kb() -> tuple[dict[str, str], list[dict]]:
@@ -55,7 +63,7 @@ def demo_kb_items(suite: str, length: int, n_items: int, seed: int) -> list[QAIt
             order = others + [q["doc"]]
             rng.shuffle(order)
             items.append(QAItem(f"demo-kb/{seed}/{i}/{length}", [docs[n] for n in order],
-                                [_demo_question(q)]))
+                                [_demo_question(q)], (order.index(q["doc"]),)))
         return items
     # KBQA: each context holds the documents of PER_CONTEXT questions plus distractors, up to
     # `length` documents, and is asked all its questions (n_items contexts)
@@ -91,8 +99,28 @@ def generated_items(task: str, suite: str, length: int, n_items: int, seed: int,
     return items
 
 
+def fact_items(length: int, n_questions: int, seed: int, tokenizer=None) -> list[QAItem]:
+    """`n_questions` questions over prompts of `length` fact documents (kvedge.bench.tasks.
+    multidoc.fact_documents), QUESTIONS_PER_PROMPT to a prompt, the last maybe fewer."""
+    count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
+    items = []
+    for i, first in enumerate(range(0, n_questions, QUESTIONS_PER_PROMPT)):
+        k = min(QUESTIONS_PER_PROMPT, n_questions - first)
+        item = fact_documents(length, seed + i, questions=k,
+                              **({"count_tokens": count} if count else {}))
+        order = [d.doc_id for d in item.documents]
+        items.append(QAItem(f"{item.key}/{k}", [d.text for d in item.documents],
+                            list(item.questions),
+                            tuple(order.index(q.needed_docs[0]) for q in item.questions)))
+    return items
+
+
 def load_items(task: str, suite: str, length: int, n_items: int, seed: int,
                tokenizer=None) -> list[QAItem]:
     if task == "demo-kb":
         return demo_kb_items(suite, length, n_items, seed)
+    if task == FACTS:
+        if suite != "reuse":
+            raise ValueError(f"{FACTS} prompts are for the reuse suite")
+        return fact_items(length, n_items, seed, tokenizer)
     return generated_items(task, suite, length, n_items, seed, tokenizer)

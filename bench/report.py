@@ -6,7 +6,9 @@ returned, string_match_part where references are aliases), averaged over the cel
 Cells that did not measure something (kvpress's per-token times and KV bytes) show "—".
 kvpress's presses are divided by kvpress's own full cache on the same items (`kvpress-full`,
 fp32 KV through transformers) when the results hold it, ours by our full KV (the packs' codec):
-each pipeline against its own ceiling.
+each pipeline against its own ceiling. Reuse rows also get a frontier per task × length —
+accuracy and median TTFT as fractions of recompute's, one point per strategy setting — and,
+where a cell timed its first token by phase, the breakdown (`kvedge.bench.ttft`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from kvedge.bench.datasets import DATASETS
 from kvedge.bench.runner import KVPRESS
 
 
@@ -37,6 +40,16 @@ def _compress_ratio(r: dict) -> float | None:
     return r["compress_s"] / r["prefill_s"] if r.get("compress_s") and r.get("prefill_s") else None
 
 
+def name(r: dict) -> str:
+    """The method with its swept options ("sparsex[boundary=0.1]")."""
+    return f"{r['method']}[{r['options']}]" if r.get("options") else r["method"]
+
+
+def setting(r: dict) -> str:
+    """One label per strategy setting: name and ratio ("a3 @0.15", "pie")."""
+    return name(r) + (f" @{r['budget']:g}" if r["budget"] != 1 else "")
+
+
 def _table(names: tuple[str, str], columns: list[str], rows: list[dict], budget_order: int,
            rest) -> list[str]:
     """Rows sorted by task, length, method and budget (ascending if budget_order is 1,
@@ -44,9 +57,9 @@ def _table(names: tuple[str, str], columns: list[str], rows: list[dict], budget_
     `names`), then `rest(r)`'s cells, then q."""
     head = ["task", "length", *names, "acc", *columns, "q"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["task"], r["length"], r["method"],
+    for r in sorted(rows, key=lambda r: (r["task"], r["length"], name(r),
                                          budget_order * r["budget"])):
-        cells = [r["task"], r["length"], r["method"], f"{r['budget']:g}", *map(_fmt, acc(r)),
+        cells = [r["task"], r["length"], name(r), f"{r['budget']:g}", *map(_fmt, acc(r)),
                  *rest(r), r["questions"]]
         out.append("| " + " | ".join(map(str, cells)) + " |")
     return out
@@ -96,7 +109,7 @@ def summary(rows: list[dict]) -> dict[tuple[str, float], tuple[float, float | No
         a, base = acc(r)[0], _ceiling_acc(r)
         if a is None:
             continue
-        cell = pooled[(r["method"], r["budget"])]
+        cell = pooled[(name(r), r["budget"])]
         cell[0] += a * r["questions"]
         cell[1] += (base or 0.0) * r["questions"]
         cell[2] += r["questions"]
@@ -114,6 +127,69 @@ def summary_table(rows: list[dict], what: str, ceiling: str) -> list[str]:
     return out
 
 
+def _groups(rows: list[dict]) -> list[tuple[str, int]]:
+    return sorted({(r["task"], r["length"]) for r in rows})
+
+
+def _position_acc(r: dict, last: bool) -> str:
+    """Accuracy over the questions whose answer document was (not) the last one, and n."""
+    qs = [q for q in r.get("per_question") or [] if q.get("answer_at") is not None
+          and (q["answer_at"] == q["documents"] - 1) == last and q.get("score") is not None]
+    return f"{sum(q['score'] for q in qs) / len(qs):.2f} ({len(qs)})" if qs else "—"
+
+
+def frontier_table(rows: list[dict]) -> list[str]:
+    """Per setting: accuracy and median TTFT beside recompute's on the same questions, the
+    questions won and lost against it, and accuracy by where the answer document sat."""
+    head = ["setting", "acc", "of recompute", "+/− vs recompute", "TTFT s (median)",
+            "TTFT / recompute", "recomputed tok", "answer last", "answer earlier",
+            "at decode budget", "q"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
+                                         setting(r))):
+        cells = [setting(r), *map(_fmt, acc(r)), f"+{r.get('gained', 0)} −{r.get('lost', 0)}",
+                 _fmt(r.get("first_token_s_median"), ".3f"),
+                 _fmt(r.get("first_token_s_median_ratio"), ".3f"),
+                 _fmt(r.get("recomputed"), ".0f"), _position_acc(r, True),
+                 _position_acc(r, False), r.get("at_budget", "—"), r["questions"]]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
+    return out
+
+
+def breakdown_table(rows: list[dict]) -> list[str]:
+    """The timed settings' first token by phase (medians, ms), recompute's TTFT beside."""
+    timed = [r for r in rows if r.get("breakdown")]
+    if not timed:
+        return []
+    head = ["task", "length", "setting", "pack load", "plan (cache assembly)",
+            "forward (recompute)", "· layers over all tokens", "· layers over the chosen",
+            "· selection", "first token (LM head + pick)", "sum", "engine TTFT",
+            "recompute TTFT", "q"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(timed, key=lambda r: (r["task"], r["length"], setting(r))):
+        b = r["breakdown"]
+        ms = [_fmt(b.get(k), ".0f", 1e3) for k in (
+            "load_s", "plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
+            "first_token_s", "phases_ttft_s", "engine_first_token_s")]
+        out.append("| " + " | ".join(map(str, [
+            r["task"], r["length"], setting(r), *ms,
+            _fmt(r.get("ceiling_first_token_s_median"), ".0f", 1e3), b["questions"]])) + " |")
+    return out
+
+
+def frontier(rows: list[dict]) -> list[str]:
+    out = []
+    for task, length in _groups(rows):
+        group = [r for r in rows if (r["task"], r["length"]) == (task, length)]
+        tokens = _fmt(next((r.get("ceiling_prompt_tokens") for r in group), None), ".0f")
+        out += [f"### {task} @ {length} (prompt ≈ {tokens} tokens)", "",
+                *frontier_table(group), ""]
+    breakdown = breakdown_table(rows)
+    if breakdown:
+        out += ["### TTFT by phase (medians, ms)", "", *breakdown, ""]
+    return out
+
+
 def tables(rows: list[dict]) -> str:
     out = []
     reuse = [r for r in rows if r["suite"] == "reuse"]
@@ -121,6 +197,9 @@ def tables(rows: list[dict]) -> str:
         out += ["## Reuse strategies (RAG path)", "", "Pooled over tasks:", "",
                 *summary_table(reuse, "strategy", "recompute"), "", "Per cell:", "",
                 *reuse_table(reuse), ""]
+        if any(r.get("first_token_s_median_ratio") is not None for r in reuse):
+            out += ["## Reuse frontier (accuracy and median TTFT as fractions of recompute's)",
+                    "", *frontier(reuse)]
     evict = [r for r in rows if r["suite"] == "evict"]
     if evict:
         out += ["## Eviction methods (KBQA path: compressed once, asked every question)", "",
@@ -175,7 +254,46 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         written.append(folder / "accuracy_vs_ttft.png")
         fig.savefig(written[-1], dpi=120, bbox_inches="tight")
         plt.close(fig)
+    medians = [r for r in reuse if r.get("first_token_s_median_ratio") is not None]
+    if medians:
+        written.append(frontier_plot(medians, folder / "reuse_frontier.png"))
     return written
+
+
+def frontier_plot(rows: list[dict], path: Path) -> Path:
+    """Accuracy / recompute vs median TTFT / recompute (log), one point per strategy
+    setting, one panel per task × length; a strategy's ratios are one line (labelled with
+    the ratio), its other options separate lines."""
+    import matplotlib.pyplot as plt
+
+    groups = _groups(rows)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.6 * len(groups), 4.6), squeeze=False)
+    series = sorted({name(r) for r in rows})
+    style = {n: (plt.cm.tab10(i % 10), "osD^v<>p*h"[i // 10 % 10]) for i, n in enumerate(series)}
+    for ax, (task, length) in zip(axes.flat, groups):
+        group = [r for r in rows if (r["task"], r["length"]) == (task, length)]
+        for n in series:
+            points = sorted((r["first_token_s_median_ratio"], acc(r)[1] or 0.0, r["budget"])
+                            for r in group if name(r) == n)
+            if not points:
+                continue
+            colour, marker = style[n]
+            xs, ys, ratios = zip(*points)
+            ax.plot(xs, ys, color=colour, marker=marker, markersize=5, linewidth=0.8, label=n)
+            for x, y, ratio in points:
+                if ratio != 1:
+                    ax.annotate(f"{ratio:g}", (x, y), fontsize=6, xytext=(3, 2),
+                                textcoords="offset points")
+        ax.axhline(1.0, color="grey", linewidth=0.6, linestyle=":")
+        ax.set_xscale("log")
+        unit = "documents" if task in DATASETS else "tokens"
+        ax.set(title=f"{task}: {length} {unit}, {max(r['questions'] for r in group)} questions",
+               xlabel="median TTFT / recompute (log)", ylabel="accuracy / recompute")
+        ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def write_report(results: Path, folder: Path) -> Path:

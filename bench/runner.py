@@ -4,7 +4,8 @@ Two suites run the services' own code in-process (no method is re-implemented he
 - `reuse` (RAG path): each document is prefilled alone and packed exactly as the cloud's
   prefill actor does (`PrefillEngine.encode`), read back as the edge does, composed by the edge
   engine, answered with a registered reuse strategy. `budget` is the recompute ratio of the
-  strategies that have a `ratio` option.
+  strategies that have a `ratio` option; a cell's `options` hold its other swept options
+  ("boundary=0.1"), so one strategy is measured at several settings.
 - `evict` (KBQA path): the whole context is prefilled once, compressed once with an eviction
   method at `budget` (query-agnostic), and every question is asked against that one
   compressed cache (realigned after the chat prefix), the answers' KV discarded in between.
@@ -15,6 +16,7 @@ packs' codec included, so a rerun skips exactly the cells already measured.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,11 +40,17 @@ class Cell:
     items: int
     seed: int = 0
     codec: str = DEFAULT_CODEC  # the documents' packs, as shipped to the edge
+    options: str = ""           # the strategy's other options, "name=value,..." (reuse)
 
     @property
     def key(self) -> str:
-        return (f"{self.suite}/{self.task}/{self.length}/{self.method}/{self.budget:g}/"
-                f"{self.items}/{self.seed}/{self.codec}")
+        key = (f"{self.suite}/{self.task}/{self.length}/{self.method}/{self.budget:g}/"
+               f"{self.items}/{self.seed}/{self.codec}")
+        return f"{key}/{self.options}" if self.options else key  # older keys stay valid
+
+    def option_values(self) -> dict[str, str]:
+        """The cell's other options, name → value (as a command line gives them)."""
+        return dict(kv.split("=", 1) for kv in self.options.split(",") if kv)
 
 
 @dataclass
@@ -60,16 +68,16 @@ class Preset:
     max_new_tokens: int = 24
     also: list[Preset] = field(default_factory=list)  # grids whose lengths differ (demo-KB
     #                                                   documents vs generated tokens)
+    sweeps: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per strategy:
+    #   option → values, crossed; its "ratio" list replaces `ratios` for that strategy
 
     def cells(self, codec: str = DEFAULT_CODEC) -> list[Cell]:
         cells = [c for p in self.also for c in p.cells(codec)]
-        ratioed = strategies_with_ratio() if self.reuse_tasks else set()
-        for task in self.reuse_tasks:
-            for length in self.reuse_lengths:
-                for method in self.strategies:
-                    ratios = self.ratios if method in ratioed else [1.0]
-                    cells += [Cell("reuse", task, length, method, r, self.items, codec=codec)
-                              for r in ratios]
+        for task, length in itertools.product(self.reuse_tasks, self.reuse_lengths):
+            for method in self.strategies:
+                cells += [Cell("reuse", task, length, method, r, self.items, codec=codec,
+                               options=o)
+                          for r, o in settings(method, self.ratios, self.sweeps.get(method, {}))]
         for task in self.evict_tasks:
             for length in self.evict_lengths:
                 for method in self.methods:
@@ -86,6 +94,26 @@ def strategies_with_ratio() -> set[str]:
 
     return {name for name, cls in STRATEGIES.items()
             if any(f.name == "ratio" for f in options_of(cls))}
+
+
+def settings(strategy: str, ratios: list[float],
+             sweep: dict[str, list[float]]) -> list[tuple[float, str]]:
+    """(ratio, other options) of each setting of `strategy` a grid runs: `ratios` — or the
+    sweep's own "ratio" list — if it has a ratio option (else 1.0), crossed with every other
+    swept option's values. A swept option the strategy lacks is an InvalidOption."""
+    from kvedge.common.errors import InvalidOption
+    from kvedge.common.registry import options_of
+    from kvedge.edge.strategies import STRATEGIES
+
+    names = {f.name for f in options_of(STRATEGIES[strategy])}
+    if set(sweep) - names:
+        raise InvalidOption(f"strategy {strategy!r} has no option "
+                            f"{', '.join(sorted(set(sweep) - names))}; it has "
+                            f"{', '.join(sorted(names)) or 'none'}")
+    rs = list(sweep.get("ratio", ratios)) if "ratio" in names else [1.0]
+    rest = sorted((k, v) for k, v in sweep.items() if k != "ratio")
+    combos = itertools.product(*[[f"{k}={x:g}" for x in values] for k, values in rest])
+    return [(r, ",".join(c)) for c in combos for r in rs]
 
 
 def row_key(row: dict) -> str:

@@ -1,30 +1,41 @@
 """Running one cell: the reuse suite (RAG) and the eviction suite (KBQA), on the services' code.
 
-Packs are made by the cloud's `PrefillEngine` (`segment` + `encode`, as ingest does) and read
-back with the edge's `read_pack`; prompts are composed and answered by the edge's
+Packs are made by the cloud's `PrefillEngine` (`segment` + `encode`, as ingest does), kept as
+files as the edge's pack cache keeps them, and read back with the edge's `read_pack` (timed:
+the pack load of an edge-cache miss); prompts are composed and answered by the edge's
 `EdgeEngine`; eviction is the cloud's method registry, the one batch jobs run (its `scores`
 once per context, its `keep` per budget). Packs are encoded with the cell's codec. Ceilings
 (recompute / full KV) are measured in the same process on the same items and cached per item
 and codec, so every ratio is side by side. `kvpress-*` methods are NVIDIA kvpress's presses on
 the same model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external
-reference points, never our code.
+reference points, never our code. A reuse cell runs one strategy setting (`Cell.options`);
+the `breakdown` strategy's cells also time its first token by phase (`kvedge.bench.ttft`).
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
 
 from kvedge.bench.datasets import QAItem, load_items
-from kvedge.bench.runner import KVPRESS, Cell
+from kvedge.bench.runner import KVPRESS, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
+from kvedge.bench.ttft import ttft_phases
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
-           "recomputed", "compress_s", "prefill_s", "new_tokens")
+           "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens", "load_s")
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes")
+MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
+PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
+          "first_token_s", "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
+PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
+                "documents", "tokens", "new_tokens")
 
 
 @dataclass
@@ -32,14 +43,21 @@ class Bench:
     model: str
     max_new_tokens: int = 24            # the floor; questions with long references get more
     segment_tokens: int = SEGMENT_TOKENS
+    breakdown: str | None = "a3"        # the strategy (at its defaults) whose TTFT is split
+    #                                     by phase: the edge's default
+    anchored: bool = False              # packs prefilled behind the chat prefix, as the
+    #                                     gateway's `anchored` ingest does (decision 9)
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
         from kvedge.edge.engine import EdgeEngine
+        from kvedge.edge.strategies import get_strategy
 
         self.prefill = PrefillEngine(self.model)
         self.engine = EdgeEngine(self.prefill.loaded)
-        self._packs: dict[tuple[str, bool, str], list[tuple[object, int]]] = {}
+        self.timed = get_strategy(self.breakdown) if self.breakdown else None
+        self._folder = tempfile.TemporaryDirectory(prefix="kvedge-bench-packs-")
+        self._packs: dict[tuple[str, bool, str, bool], list[tuple[Path, int]]] = {}
         self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
         self._prefill_s: dict[str, float] = {}
@@ -47,20 +65,36 @@ class Bench:
     # ------------------------------------------------------------------ packs
 
     def packs(self, text: str, whole: bool, codec: str = DEFAULT_CODEC,
-              namespace: str = "bench") -> list[tuple[object, int]]:
-        """[(KVContext as the edge reads it, pack bytes)] for one document, made once per
-        codec: one pack for the whole text (KBQA), or the ingest segments of ≤
-        `segment_tokens`."""
-        from kvedge.common.pack.format import read_pack
+              namespace: str = "bench", anchored: bool | None = None) -> list[tuple[object, int]]:
+        """[(KVContext as the edge reads it, pack bytes)] for one document: one pack for the
+        whole text (KBQA), or the ingest segments of ≤ `segment_tokens`."""
+        return [(self.load(path), size) for path, size in
+                self.pack_files(text, whole, codec, namespace, anchored)]
 
-        key = (text, whole, codec)
+    def pack_files(self, text: str, whole: bool, codec: str = DEFAULT_CODEC,
+                   namespace: str = "bench",
+                   anchored: bool | None = None) -> list[tuple[Path, int]]:
+        """[(pack file, bytes)] for one document, prefilled (alone, or behind the chat prefix:
+        `anchored`, default the bench's) and encoded once per codec and kept on disk, as the
+        edge's pack cache keeps them (decoded on use: a hundred prompts' decoded packs would
+        hold gigabytes)."""
+        anchored = self.anchored if anchored is None else anchored
+        key = (text, whole, codec, anchored)
         if key not in self._packs:
             out = []
             for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole):
-                enc = self.prefill.encode(seg, namespace, codec)
-                out.append((read_pack(enc.data, self.prefill.loaded.fingerprint), len(enc.data)))
+                enc = self.prefill.encode(seg, namespace, codec, anchored)
+                path = Path(self._folder.name) / f"{enc.pack_id}.kvp"
+                path.write_bytes(enc.data)
+                out.append((path, len(enc.data)))
             self._packs[key] = out
         return self._packs[key]
+
+    def load(self, path: Path):
+        """A pack file as the edge reads it (checksums verified)."""
+        from kvedge.common.pack.format import read_pack
+
+        return read_pack(path, self.prefill.loaded.fingerprint)
 
     def new_tokens(self, question: Question) -> int:
         """Decode budget: the floor, or twice the references' tokens (+8) when all of them
@@ -74,20 +108,29 @@ class Bench:
     def run(self, cell: Cell) -> dict:
         items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
                            self.prefill.loaded.tokenizer)
-        run = self._reuse if cell.suite == "reuse" else self._evict
-        ceilings = [o for item in items for o in self._ceiling(item, cell, run)]
-        if (cell.method, cell.budget) == CEILING[cell.suite]:  # the ceiling is its own cell
-            return summarize(ceilings, ceilings)
+        ceilings = [o for item in items for o in self._ceiling(item, cell)]
+        if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
+            return summarize(ceilings, ceilings)  # the ceiling is its own cell
         if cell.method.startswith(KVPRESS):
             press = cell.method[len(KVPRESS):]
             return summarize(self._kvpress(items, press, cell.budget, cell.codec), ceilings)
-        outcomes = [o for item in items for o in run(item, cell.method, cell.budget, cell.codec)]
+        if cell.suite == "reuse":
+            strategy = reuse_strategy(cell)
+            outcomes = [o for item in items for o in self._reuse(item, strategy, cell.codec)]
+        else:
+            outcomes = [o for item in items
+                        for o in self._evict(item, cell.method, cell.budget, cell.codec)]
         return summarize(outcomes, ceilings)
 
-    def _ceiling(self, item: QAItem, cell: Cell, run) -> list[dict]:
+    def _ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
+        from kvedge.edge.strategies import get_strategy
+
         key = (cell.suite, item.key, cell.codec)
         if key not in self._ceilings:
-            self._ceilings[key] = run(item, *CEILING[cell.suite], cell.codec)
+            name, budget = CEILING[cell.suite]
+            self._ceilings[key] = (self._reuse(item, get_strategy(name), cell.codec)
+                                   if cell.suite == "reuse"
+                                   else self._evict(item, name, budget, cell.codec))
         return self._ceilings[key]
 
     def _ask(self, segments: list, strategy, question: Question) -> dict:
@@ -96,14 +139,26 @@ class Bench:
         *_, stats = self.engine.answer(composed, strategy, budget)
         return {**stats, **scores(stats["answer"], question), "new_tokens": budget}
 
-    def _reuse(self, item: QAItem, method: str, budget: float, codec: str) -> list[dict]:
-        from kvedge.edge.strategies import get_strategy
-
-        strategy = get_strategy(method, {"ratio": budget} if budget < 1 else None)
-        packs = [p for doc in item.documents for p in self.packs(doc, False, codec)]
-        shipped = sum(size for _, size in packs)
-        return [{**self._ask([ctx for ctx, _ in packs], strategy, q), "shipped_bytes": shipped}
-                for q in item.questions]
+    def _reuse(self, item: QAItem, strategy, codec: str) -> list[dict]:
+        """Every question of the item over its documents' packs, composed in the item's
+        order; the packs are loaded once per item (`load_s`, what each question's edge-cache
+        miss costs)."""
+        files = [f for doc in item.documents for f in self.pack_files(doc, False, codec)]
+        start = time.perf_counter()
+        segments = [self.load(path) for path, _ in files]
+        common = {"load_s": time.perf_counter() - start, "documents": len(item.documents),
+                  "shipped_bytes": sum(size for _, size in files)}
+        out = []
+        for i, q in enumerate(item.questions):
+            phases = {}
+            if strategy == self.timed:
+                composed = self.engine.compose(segments, q.text, q.instruction)
+                phases = {f"phase_{k}": v for k, v in ttft_phases(
+                    self.engine.rt, composed, strategy, self.new_tokens(q)).items()}
+            at = item.answer_at[i] if item.answer_at else None
+            out.append({**self._ask(segments, strategy, q), **common, **phases,
+                        "answer_at": at})
+        return out
 
     def _compressed(self, item: QAItem, ctx, method: str, budget: float, codec: str):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
@@ -170,6 +225,14 @@ class Bench:
         return out
 
 
+def reuse_strategy(cell: Cell):
+    """The cell's strategy setting: its ratio (where the strategy has one) and options."""
+    from kvedge.edge.strategies import get_strategy
+
+    ratio = {"ratio": cell.budget} if cell.method in strategies_with_ratio() else {}
+    return get_strategy(cell.method, {**ratio, **cell.option_values()})
+
+
 def scores(prediction: str, question: Question) -> dict:
     """RULER's string_match_part ("any"), string_match_all ("all"), and the question's own
     metric ("score")."""
@@ -182,9 +245,27 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _median(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return median(values) if values else None
+
+
+def breakdown(outcomes: list[dict]) -> dict | None:
+    """Medians over the questions of the timed phases (None where none were timed), with
+    the pack load and the engine's own TTFT of the same questions beside them."""
+    timed = [o for o in outcomes if o.get("phase_plan_s") is not None]
+    if not timed:
+        return None
+    out = {k: _median(timed, f"phase_{k}") for k in PHASES}
+    return {"load_s": _median(timed, "load_s"), **out,
+            "engine_first_token_s": _median(timed, "first_token_s"), "questions": len(timed)}
+
+
 def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
     """Per-cell metrics, each beside the same-run ceiling and its ratio (None where the cell
-    did not measure it, e.g. kvpress's timings per token)."""
+    did not measure it, e.g. kvpress's timings per token); medians of the TTFT too; how many
+    questions the cell answered that the ceiling missed (`gained`) and the reverse (`lost`),
+    question by question (both lists hold the same items' questions in the same order)."""
     out = {"questions": len(outcomes)}
     for key in METRICS:
         out[key] = _mean(outcomes, key)
@@ -192,5 +273,17 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
     for key in RATIOS:
         value, base = out[key], out[f"ceiling_{key}"]
         out[f"{key}_ratio"] = value / base if value is not None and base else None
+    for key in MEDIANS:
+        value, base = _median(outcomes, key), _median(ceilings, key)
+        out[f"{key}_median"], out[f"ceiling_{key}_median"] = value, base
+        out[f"{key}_median_ratio"] = value / base if value is not None and base else None
+    pairs = [(o["score"], c["score"]) for o, c in zip(outcomes, ceilings)
+             if o.get("score") is not None and c.get("score") is not None]
+    out["gained"] = sum(a > b for a, b in pairs)
+    out["lost"] = sum(a < b for a, b in pairs)
+    out["at_budget"] = sum(o.get("tokens", 0) >= o["new_tokens"] for o in outcomes
+                           if o.get("new_tokens"))  # answers maybe cut short
+    out["breakdown"] = breakdown(outcomes)
+    out["per_question"] = [{k: o.get(k) for k in PER_QUESTION} for o in outcomes]
     out["answers"] = [r["answer"] for r in outcomes][:20]
     return out

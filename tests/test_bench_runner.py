@@ -188,3 +188,69 @@ def test_kvpress_rows_are_divided_by_kvpress_full_on_the_same_items():
     pooled = summary(rebase_kvpress(rows))
     assert pooled[("kvpress-kvzip", 0.2)][:2] == (0.25, 0.5)
     assert pooled[("kvzip", 0.2)][:2] == (0.5, 0.5)
+
+
+def test_reuse_preset_measures_every_setting_against_recompute(tmp_path):
+    """`--preset reuse` end to end on a tiny model: one row per strategy setting, each with
+    its ratios to the same-run recompute, the default's TTFT split by phase, the frontier."""
+    from kvedge.bench.report import setting
+    from kvedge.bench.runner import settings
+    from kvedge.edge.strategies import STRATEGIES
+
+    args = ["run", "--preset", "reuse", "--model", "tiny-llama", "--lengths", "2",
+            "--items", "2", "--max-new-tokens", "2", "--ratios", "0.15",
+            "--sweep", "sparsex:boundary=0,0.5", "--out", str(tmp_path)]
+    out = CliRunner().invoke(bench, args)
+    assert out.exit_code == 0, out.output
+    rows = load(tmp_path / "results.jsonl")
+    sweeps = {"sparsex": {"ratio": [0.15], "boundary": [0, 0.5]}}
+    want = {(name, r, o) for name in STRATEGIES
+            for r, o in settings(name, [0.15], sweeps.get(name, {}))}
+    assert {(r["method"], r["budget"], r["options"]) for r in rows} == want
+    assert len(rows) == len(want) and all(r["questions"] == 2 for r in rows)
+    for r in rows:
+        assert r["score_ratio"] is not None or r["ceiling_score"] == 0
+        assert r["first_token_s_median_ratio"] > 0 and len(r["per_question"]) == 2
+        assert {q["answer_at"] for q in r["per_question"]} <= {0, 1}
+    ceiling, = [r for r in rows if r["method"] == "recompute"]
+    assert ceiling["first_token_s_median_ratio"] == 1.0 and ceiling["gained"] == 0
+    assert ceiling["at_budget"] == 2  # seeded random weights: no EOS within 2 tokens
+    timed = [r for r in rows if r["breakdown"]]
+    assert [(r["method"], r["budget"]) for r in timed] == [("a3", 0.15)]  # a3's defaults
+    phases = timed[0]["breakdown"]
+    assert phases["questions"] == 2 and phases["load_s"] > 0
+    assert phases["full_layers_s"] > 0 and phases["sparse_layers_s"] > 0
+    assert phases["phases_ttft_s"] >= phases["plan_s"] + phases["forward_s"]
+    report = (tmp_path / "report.md").read_text()
+    for r in rows:
+        assert f"| {setting(r)} |" in report
+    assert "| multidoc-facts | 2 | a3 @0.15 |" in report  # the breakdown's row
+    assert (tmp_path / "reuse_frontier.png").stat().st_size > 1000
+    again = CliRunner().invoke(bench, args)
+    assert again.exit_code == 0 and "0 new cells" in again.output
+
+
+def test_settings_cross_swept_options_and_name_their_cells():
+    import click
+    import pytest
+
+    from kvedge.bench.cli import apply_overrides
+    from kvedge.bench.runner import Cell, settings
+
+    assert settings("pie", [0.1, 0.2], {}) == [(1.0, "")]
+    assert settings("a3", [0.1, 0.2], {}) == [(0.1, ""), (0.2, "")]
+    assert settings("sparsex", [0.3], {"ratio": [0.05], "boundary": [0, 0.1]}) == [
+        (0.05, "boundary=0"), (0.05, "boundary=0.1")]
+    cell = Cell("reuse", "multidoc-facts", 3, "sparsex", 0.05, 100, options="boundary=0.1")
+    assert cell.key.endswith("/fp16/boundary=0.1") and cell.option_values() == {
+        "boundary": "0.1"}
+    assert Cell("reuse", "t", 3, "a3", 0.15, 1).key == "reuse/t/3/a3/0.15/1/0/fp16"
+    p = apply_overrides(preset("reuse", "tiny-llama"), ratios=[0.2],
+                        sweeps={"sparsex": {"boundary": [0.3]}})
+    assert {(c.method, c.budget, c.options) for c in p.cells()
+            if c.method in ("a3", "sparsex") and c.length == 3} == {
+        ("a3", 0.2, ""), ("sparsex", 0.2, "boundary=0.3")}
+    with pytest.raises(click.BadParameter, match="no option"):
+        apply_overrides(p, sweeps={"pie": {"ratio": [0.1]}})
+    out = CliRunner().invoke(bench, ["run", "--sweep", "sparsex=0.1", "--out", "x"])
+    assert out.exit_code != 0 and "STRATEGY:OPTION=V1,V2" in out.output

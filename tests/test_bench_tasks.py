@@ -319,6 +319,43 @@ def test_multidoc_order_and_position():
         assert at[0] == 0 if depth == 0.0 else at[-1] == len(item.documents) - 1
 
 
+@pytest.mark.parametrize("n_docs, seed", [(3, 0), (3, 5), (8, 1)])
+def test_fact_documents_each_answer_in_one_document_among_its_kind(n_docs, seed):
+    from kvedge.bench.tasks.multidoc import fact_documents
+
+    item = fact_documents(n_docs, seed, questions=2 * n_docs, doc_tokens=300)
+    assert len(item.documents) == n_docs == len({d.doc_id for d in item.documents})
+    # every document is a distractor of the same kind: the same three facts, other values
+    for doc in item.documents:
+        assert re.search(r"was designed by the architect [A-Z]\w+ [A-Z]\w+\.", doc.text)
+        assert re.search(r"Construction of the .+ was completed in \d{4}\.", doc.text)
+        assert re.search(r"stands in the town of [A-Z]\w+\.", doc.text)
+    asked = [q.needed_docs[0] for q in item.questions]
+    assert len(set(asked[:n_docs])) == n_docs  # every document asked before any twice
+    assert {q.kind for q in item.questions} == {"year", "town", "designer"}
+    for q in item.questions:
+        holding = [d.doc_id for d in item.documents
+                   if any(a.lower() in d.text.lower() for a in q.answers)]
+        assert holding == q.needed_docs, q
+    sizes = [estimate_tokens(d.text) for d in item.documents]
+    assert abs(sum(sizes) - 300 * n_docs) <= 0.1 * 300 * n_docs
+    assert all(200 <= n <= 400 for n in sizes)
+    assert fact_documents(n_docs, seed, questions=2 * n_docs, doc_tokens=300) == item
+
+
+def test_fact_items_count_questions_and_place_answers_at_random():
+    from kvedge.bench.datasets import QUESTIONS_PER_PROMPT, fact_items
+
+    items = fact_items(3, 2 * QUESTIONS_PER_PROMPT + 1, seed=0)
+    assert [len(i.questions) for i in items] == [QUESTIONS_PER_PROMPT] * 2 + [1]
+    assert len({i.key for i in items}) == 3
+    for item in items:
+        for q, at in zip(item.questions, item.answer_at):
+            assert any(a in item.documents[at] for a in q.answers)
+    spots = Counter(at for i in fact_items(3, 60, seed=0) for at in i.answer_at)
+    assert set(spots) == {0, 1, 2} and min(spots.values()) >= 10
+
+
 # ---------------------------------------------------------------- prompts
 
 

@@ -12,7 +12,7 @@ whole item, so the documents a question needs hold its answer and no other docum
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import haystack as hay
 from . import prose
@@ -30,6 +30,8 @@ SYLLABLES = ("vel", "kar", "nos", "tam", "ris", "dor", "quen", "bal", "zar", "mi
 KINDS = ("two_hop", "year", "designer", "birthplace", "town")
 TOWN = "Answer with the town name only."
 MIN_DOCS = 6
+FACTS = "multidoc-facts"  # reuse benchmark prompts: `length` documents of one kind
+FACT_KINDS = ("year", "town", "designer")  # what every such document states
 
 
 @dataclass
@@ -71,14 +73,16 @@ class World:
                                       self.part(3))
         return p
 
-    def structure(self, designer: Entity) -> Entity:
+    def structure(self, designer: Entity, every_fact: bool = False) -> Entity:
+        """A structure, its designer and its year or its town (`every_fact`: both)."""
         name = f"{self.part(3)} {self.rng.choice(STRUCTURES)}"
         s = Entity(name, f"The {name}", designer=designer)
         s.facts["designer"] = (f"The {name} was designed by the architect {{}}.", designer.name)
-        if self.rng.random() < 0.5:
-            year = self.u.draw(lambda: str(self.rng.randrange(1450, 1900)))
-            s.facts["year"] = (f"Construction of the {name} was completed in {{}}.", year)
-        else:
+        year = every_fact or self.rng.random() < 0.5
+        if year:
+            when = self.u.draw(lambda: str(self.rng.randrange(1450, 1900)))
+            s.facts["year"] = (f"Construction of the {name} was completed in {{}}.", when)
+        if every_fact or not year:
             s.facts["town"] = (f"The {name} stands in the town of {{}}.", self.part(3))
         return s
 
@@ -191,3 +195,42 @@ def multidoc_qa(length: int = 2048, seed: int = 0, *, questions: int = 4,
                     {"params": params, "order": [d.doc_id for d in docs]})
 
     return fit_length(build, length, count_tokens)
+
+
+def _fact_questions(entities: list[Entity], n: int, rng: random.Random,
+                    offset: int) -> list[Question]:
+    """`n` questions, every document asked once before any is asked twice; document j of
+    round r is asked FACT_KINDS[j + r + offset] (so a document's rounds ask different kinds,
+    and `offset` rotates the kinds between prompts)."""
+    order = entities[:]
+    rng.shuffle(order)
+    n = min(n, len(order) * len(FACT_KINDS))
+    return [_ask(FACT_KINDS[(i % len(order) + i // len(order) + offset) % len(FACT_KINDS)],
+                 order[i % len(order)]) for i in range(n)]
+
+
+def fact_documents(n_docs: int, seed: int = 0, *, questions: int = 2, doc_tokens: int = 500,
+                   count_tokens: TokenCounter = estimate_tokens) -> Item:
+    """A reuse-benchmark prompt: `n_docs` documents about structures, each stating the same
+    three kinds of fact — designer, completion year, town — so that every document is a
+    distractor of the same kind for a question about another; about `doc_tokens` tokens each
+    (±25 %, adding up to n_docs · doc_tokens), in random order. `questions` questions (at
+    most 3 · n_docs), each answered by exactly one document (`needed_docs`); designers have no
+    document of their own, so a designer's name is written once."""
+    if n_docs < 1 or questions < 1 or doc_tokens < 50:
+        raise ValueError("need n_docs >= 1, questions >= 1 and doc_tokens >= 50")
+    w = World(make_rng(FACTS, seed, "world"))
+    entities = [w.structure(w.person(with_doc=False), every_fact=True) for _ in range(n_docs)]
+    for i, e in enumerate(entities):
+        e.doc_id = f"doc{i:03d}"
+    rng = make_rng(FACTS, seed, "layout")
+    weights = [rng.uniform(0.75, 1.25) for _ in entities]
+    budget = n_docs * doc_tokens
+    docs = [_document(e, seed, budget * wt / sum(weights), count_tokens)
+            for e, wt in zip(entities, weights)]
+    asked = _fact_questions(entities, questions, make_rng(FACTS, seed, "questions"), seed)
+    rng.shuffle(docs)
+    params = dict(questions=questions, doc_tokens=doc_tokens)
+    item = Item(FACTS, seed, n_docs, docs, asked,
+                {"params": params, "order": [d.doc_id for d in docs]})
+    return replace(item, metadata={**item.metadata, "context_tokens": count_tokens(item.context)})
