@@ -29,7 +29,8 @@ from kvedge.common.pack.codecs import DEFAULT_CODEC
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
-           "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens", "load_s")
+           "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens", "load_s",
+           "sequence_ratio")
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes")
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",

@@ -21,6 +21,8 @@ from kvedge.common.attention import OwnKV, gqa_attention
 from kvedge.common.errors import CacheError
 
 Undo = Callable[[], None]
+# fuse(old, new) → what an overwritten slot stores, K and V alike (SamKV Eq. 4's fusion)
+Fuse = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _nothing() -> None:
@@ -75,12 +77,13 @@ class HeadBuffer:
         return slots, found
 
     def write(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fresh: torch.Tensor,
-              strict: bool) -> tuple[Undo, torch.Tensor | None]:
+              strict: bool, fuse: Fuse | None = None) -> tuple[Undo, torch.Tensor | None]:
         """K/V (H, N, D) of tokens at sorted positions (N,); fresh (N,) marks the inserted ones.
 
         Recomputed tokens overwrite their slot; one this buffer does not hold is skipped, or a
         CacheError when `strict` (a dense layer evicts nothing). Returns (undo, held): held (N,)
-        says whose fresh K/V the buffer now holds (None: everyone's).
+        says whose fresh K/V the buffer now holds (None: everyone's). `fuse(old, new)`, if
+        given, is what an overwritten slot stores instead of the new K (and V) alone.
         """
         n_fresh = int(fresh.sum())
         if n_fresh == pos.numel():  # prefill, decode, fresh text: nothing to overwrite
@@ -90,7 +93,11 @@ class HeadBuffer:
             raise CacheError(f"recomputed positions {pos[~(found | fresh)].tolist()[:8]} are not "
                              "in the cache (a dense layer holds every position of its context)")
         old = found & ~fresh
-        undo_old = self.overwrite_slots(slots[old], k[:, old], v[:, old])
+        k_old, v_old = k[:, old], v[:, old]
+        if fuse is not None:
+            k_old = fuse(self.k[:, slots[old]], k_old)
+            v_old = fuse(self.v[:, slots[old]], v_old)
+        undo_old = self.overwrite_slots(slots[old], k_old, v_old)
         undo_new = self.insert(pos[fresh], k[:, fresh], v[:, fresh]) if n_fresh else _nothing
         held = None if strict else found | fresh
         return (lambda: (undo_new(), undo_old())), held
@@ -180,9 +187,10 @@ class DenseKV:
     def max_pos(self) -> int:
         return int(self.buf.pos[self.buf.n - 1]) if self.buf.n else -1
 
-    def write(self, pos, k, v, fresh) -> tuple[Undo, torch.Tensor | None]:
+    def write(self, pos, k, v, fresh, fuse: Fuse | None = None
+              ) -> tuple[Undo, torch.Tensor | None]:
         """See `HeadBuffer.write`; returns (undo, None): every written token is held."""
-        return self.buf.write(pos, k, v, fresh, strict=True)
+        return self.buf.write(pos, k, v, fresh, strict=True, fuse=fuse)
 
     def overwrite(self, pos, k, v) -> Undo:
         return self.write(pos, k, v, torch.zeros_like(pos, dtype=torch.bool))[0]
@@ -226,12 +234,14 @@ class RaggedKV:
     def max_pos(self) -> int:
         return max((int(h.pos[h.n - 1]) for h in self.head_buffers if h.n), default=-1)
 
-    def write(self, pos, k, v, fresh) -> tuple[Undo, torch.Tensor | None]:
+    def write(self, pos, k, v, fresh, fuse: Fuse | None = None
+              ) -> tuple[Undo, torch.Tensor | None]:
         """Per head (see `HeadBuffer.write`): a head that evicted a recomputed position keeps
         nothing of it. Returns (undo, held (Hkv, N) | None)."""
         undos, held = [], []
         for h, head in enumerate(self.head_buffers):
-            undo, kept = head.write(pos, k[h: h + 1], v[h: h + 1], fresh, strict=False)
+            undo, kept = head.write(pos, k[h: h + 1], v[h: h + 1], fresh, strict=False,
+                                    fuse=fuse)
             undos.append(undo)
             held.append(kept)
         if all(kept is None for kept in held):

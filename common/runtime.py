@@ -14,7 +14,10 @@ Partial recompute (`Runtime.forward`) — the rules:
   can only be active at layer l if it was active at layer l−1: active[l] ⊆ active[l−1], with
   active[0] = all of `positions`. A token that drops out keeps its cached K/V in deeper layers.
   Fresh tokens have no cached K/V at all, so they must stay active at every layer.
-- `write[l]` ⊆ active[l] are the tokens whose K/V layer l stores (default all; SamKV Sec. 3.3).
+- `write[l]` ⊆ active[l] are the tokens whose K/V layer l stores (default all; SamKV Sec. 3.3);
+  `fuse(old, new)` makes a recomputed token's stored K/V a blend with the cached one (Eq. 4).
+- A run with no fresh token may end early: an empty active set at layer l > 0 stops it there
+  (SamKV's recombination runs each token only up to the deepest layer it is recomputed at).
 - Each active query at position p attends to the cache (fresh K/V for stored tokens, cached
   K/V for the rest) under the position-based mask (keys at positions ≤ p), and always to its
   own fresh K/V — stored or not, evicted by its head or not.
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 
 from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
 from kvedge.common.attention import OwnKV
-from kvedge.common.kvcache import DenseKV, Extent, KVCache, LayerKV, RaggedKV
+from kvedge.common.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
 from kvedge.common.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -186,7 +189,8 @@ class Runtime:
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
     def layer(self, i: int, run: "Tokens", cache: LayerKV, store: torch.Tensor | None,
-              capture: LayerCapture | None, observe: Observer | None, undo: list) -> torch.Tensor:
+              capture: LayerCapture | None, observe: Observer | None, undo: list,
+              fuse: Fuse | None = None) -> torch.Tensor:
         """run.x (N, hidden) of the active tokens → (N, hidden); stores the K/V of the tokens
         in `store` (None: all) and records how to undo it."""
         from kvedge.kernels.rope import apply_rotary
@@ -200,7 +204,7 @@ class Runtime:
             if capture.want_queries:
                 capture.queries.append(q)
         q, k = apply_rotary(q, run.cos, run.sin), apply_rotary(k, run.cos, run.sin)
-        own = OwnKV(k, v, self._write(cache, run, k, v, store, undo))
+        own = OwnKV(k, v, self._write(cache, run, k, v, store, undo, fuse))
         q = q.view(self.n_kv, self.group, -1, self.head_dim)  # (Hkv, G, N, D)
         if observe is not None:
             observe(i, q, run.pos, cache)
@@ -211,14 +215,16 @@ class Runtime:
         return x + F.linear(self.act(F.linear(h, w.w_gate)) * F.linear(h, w.w_up), w.w_down)
 
     @staticmethod
-    def _write(cache: LayerKV, run: "Tokens", k, v, store, undo: list) -> torch.Tensor | None:
+    def _write(cache: LayerKV, run: "Tokens", k, v, store, undo: list,
+               fuse: Fuse | None = None) -> torch.Tensor | None:
         """Write the stored tokens' K/V (Hkv, N, D); (Hkv, N) where a head lacks a token's
         fresh K/V (None: it holds all) — those queries get it privately."""
         if store is None:
-            restore, held = cache.write(run.pos, k, v, run.fresh)
+            restore, held = cache.write(run.pos, k, v, run.fresh, fuse)
             undo.append(restore)
             return None if held is None else ~held
-        restore, held = cache.write(run.pos[store], k[:, store], v[:, store], run.fresh[store])
+        restore, held = cache.write(run.pos[store], k[:, store], v[:, store], run.fresh[store],
+                                    fuse)
         undo.append(restore)
         private = ~store.expand(k.shape[0], -1).clone()  # (Hkv, N)
         if held is not None:
@@ -231,7 +237,8 @@ class Runtime:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 active: "ActivePlan | None" = None, *, logits: str = "last",
                 capture: LayerCapture | None = None, observe: Observer | None = None,
-                seq_len: int | None = None, write: "ActivePlan | None" = None) -> ForwardOutput:
+                seq_len: int | None = None, write: "ActivePlan | None" = None,
+                fuse: Fuse | None = None) -> ForwardOutput:
         """Run `ids` at `positions` through every layer against `cache` (see module rules).
 
         active: None (every token at every layer), a list with one position set per layer,
@@ -241,7 +248,9 @@ class Runtime:
         write: which active tokens store their K/V (SamKV Sec. 3.3), in the same forms:
         None (all), one position set per layer (each ⊆ that layer's active set, maybe empty)
         or a callable asked after `active` narrows the layer.
-        logits: "last" (the last token active at the final layer), "all" or "none".
+        fuse: how a recomputed token's new K/V combines with the cached one (default: replace).
+        logits: "last" (the last token active at the final layer), "all" or "none"; a run that
+        ended early (an empty active set) has none.
         seq_len: the RoPE length (dynamic/longrope); defaults to the cache's one length, or
         fixes it (the largest position + 1) on the cache's first forward.
         """
@@ -263,8 +272,10 @@ class Runtime:
                 keep = self._narrow(i, run.pos, plan(i, run.pos), run.fresh)
                 if keep is not None:  # this layer runs a subset of the layer below's tokens
                     run = run.select(keep)
+                if run.pos.numel() == 0:  # every token is done (none was fresh)
+                    break
                 store = self._stored(i, run.pos, stores(i, run.pos))
-                run.x = self.layer(i, run, cache[i], store, capture, observe, undo)
+                run.x = self.layer(i, run, cache[i], store, capture, observe, undo, fuse)
         except BaseException:
             for restore in reversed(undo):  # a failed run leaves the cache exactly as it was
                 restore()
@@ -272,6 +283,8 @@ class Runtime:
         cache.extent.add(positions)
         cache.seq_len = cache.seq_len or seq_len
         hidden = rms_norm(run.x, self.final_norm, self.eps)
+        if run.pos.numel() == 0:
+            return ForwardOutput(None, run.pos, hidden)
         return ForwardOutput(self._logits(hidden, logits), run.pos, hidden)
 
     def _logits(self, hidden: torch.Tensor, which: str) -> torch.Tensor | None:
@@ -296,8 +309,8 @@ class Runtime:
     def _indices(current: torch.Tensor, want) -> tuple[torch.Tensor, bool]:
         """(indices of `want` in `current`, whether `want` is a sorted subset of `current`)."""
         want = torch.as_tensor(want, dtype=torch.long, device=current.device)
-        if want.numel() == 0:
-            return want, True
+        if want.numel() == 0 or current.numel() == 0:
+            return want, want.numel() == 0
         idx = torch.searchsorted(current, want).clamp(max=current.numel() - 1)
         ok = not bool((current[idx] != want).any()) and not bool((want[1:] <= want[:-1]).any())
         return idx, ok
@@ -307,6 +320,8 @@ class Runtime:
         if want is None:
             return None
         idx, ok = self._indices(current, want)
+        if idx.numel() == 0 and ok and layer > 0 and not bool(fresh.any()):
+            return idx  # the run ends here
         if idx.numel() == 0 or not ok:
             raise ActiveSetError(
                 f"layer {layer}: active positions must be a non-empty, sorted subset of "

@@ -38,7 +38,7 @@ def first_logits_and_tokens(rt, strategy, composed, steps=6):
 
 
 # the option value that makes a selective strategy recompute every context token
-RECOMPUTE_ALL = {"ratio": 1.0, "tokens": 1000}
+RECOMPUTE_ALL = {"ratio": 1.0, "tokens": 1000, "p": 1.0, "cut": False, "fusion": False}
 SELECTIVE = sorted(name for name, cls in STRATEGIES.items()
                    if {f.name for f in dataclasses.fields(cls)} & set(RECOMPUTE_ALL))
 
@@ -52,7 +52,7 @@ def test_every_strategy_is_a_dataclass_of_checked_options():
     from kvedge.common.errors import InvalidOption
     from kvedge.common.registry import describe
 
-    assert SELECTIVE == ["a3", "cacheblend", "legolink", "sparsex"]  # epic: k ≤ 32
+    assert SELECTIVE == ["a3", "cacheblend", "legolink", "samkv", "sparsex"]  # epic: k ≤ 32
     for name, cls in STRATEGIES.items():
         assert dataclasses.is_dataclass(cls) and cls.name == name
         assert len(describe(cls)) == len(dataclasses.fields(cls))

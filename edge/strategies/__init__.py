@@ -13,7 +13,7 @@ from kvedge.common.errors import UnknownStrategy
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
 from kvedge.edge.strategies.registry import STRATEGIES
 from kvedge.edge.strategies import (  # noqa: F401 - each module registers its strategy
-    recompute, full_reuse, pie, a3, cacheblend, epic, legolink, sparsex,
+    recompute, full_reuse, pie, a3, cacheblend, epic, legolink, sparsex, samkv,
 )
 
 

@@ -174,3 +174,22 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
             layers.append(RaggedKV(heads_k, heads_v, heads_pos, reserve))
     segments = [(off, off + seg.n_tokens) for seg, off in zip(composed.segments, offsets)]
     return KVCache(layers, Extent([(0, n_prefix)] + segments), seq_len)
+
+
+def sequence_ratio(cache: KVCache, composed: Composed) -> float:
+    """Context rows the cache holds / context tokens, mean over layers and KV heads: SamKV's
+    sequence ratio (1.0 for a strategy that keeps every context token; below it after
+    eviction in the cloud or block selection at the edge). The prefix, fresh texts, question
+    and answer are not context."""
+    if composed.n_context == 0:
+        return 1.0
+    ranges = torch.tensor([(off, off + seg.n_tokens)
+                           for seg, off in zip(composed.segments, composed.offsets)])
+    held = heads = 0
+    for layer in cache:
+        for group in layer.heads():
+            pos = group.positions
+            inside = ((pos[:, None] >= ranges[:, 0]) & (pos[:, None] < ranges[:, 1])).any(1)
+            held += int(inside.sum()) * group.keys.shape[0]
+            heads += group.keys.shape[0]
+    return held / (heads * composed.n_context)

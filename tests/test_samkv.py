@@ -1,0 +1,201 @@
+"""SamKV (arXiv:2508.11661 Sec. 3): the equations on hand-built vectors, the sparse cache,
+recombination rules 1–2 slot by slot, and exactness when everything is kept and recomputed."""
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_runtime
+from kvedge.common.pack.context import KVContext
+from kvedge.edge.strategies import Composed, get_strategy
+from kvedge.edge.strategies.base import sequence_ratio
+from kvedge.edge.strategies.samkv import (consolidated_p, fuse, personalized_queries,
+                                          sparse_segments, top_p)
+
+
+def prompt(rt, sizes=(40, 36, 48), block=8, seed=0, queries=True):
+    """[prefix][docs][question], each doc prefilled alone with 8-token blocks and its pooled
+    local query (the pack's query cache)."""
+    gen = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, 250, (5,), generator=gen)
+    pre = rt.prefill(prefix)
+    docs = []
+    for n in sizes:
+        ids = torch.randint(0, 250, (n,), generator=gen)
+        res = rt.prefill(ids, want_queries=True)
+        pooled = [q[:, -2 * block:].mean(1, keepdim=True) for q in res.queries]
+        docs.append(KVContext.from_dense(res.keys, res.values, ids.tolist(), model_fingerprint="x",
+                                         tokenizer_id="y", block_size=block,
+                                         queries=pooled if queries else None, query_tokens=1))
+    question = torch.randint(0, 250, (6,), generator=gen).tolist()
+    return Composed(prefix.tolist(), pre.keys, pre.values, docs, question)
+
+
+def answer_logits(rt, strategy, composed, reserve=4):
+    plan = strategy.plan(rt, composed, reserve=reserve)
+    out = rt.forward(plan.run_ids, plan.run_positions, plan.cache, plan.active)
+    return out.logits[-1], plan
+
+
+# ------------------------------------------------------------------------- the equations
+
+def test_eq1_personalized_query_by_hand():
+    q_que = torch.tensor([[[1.0, 0.0]]])                      # (L=1, Hq=1, D=2)
+    locs = [torch.tensor([[[0.0, 2.0]]]), torch.tensor([[[3.0, 3.0]]]), None]
+    out = personalized_queries(q_que, locs)
+    c = 1 / math.sqrt(2)                                      # |cos| of (1,0) and (3,3)
+    assert torch.allclose(out[0], q_que + (c * torch.tensor([3.0, 3.0])) / 2)
+    assert torch.allclose(out[1], q_que + (0 * torch.tensor([0.0, 2.0])) / 2)  # orthogonal
+    assert torch.allclose(out[2], q_que + (c * torch.tensor([3.0, 3.0])) / 2)
+    alone = personalized_queries(q_que, [locs[0]])            # D = 1: no others, no 1/0
+    assert torch.equal(alone[0], q_que)
+
+
+def test_eq2_and_eq3_top_p_by_hand():
+    s_anc = torch.tensor([2.0, 5.0, 0.0, 1.0])
+    s_max = torch.tensor([4.0, 4.0, 4.0, 1.0])
+    s_min = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    p = top_p(s_anc, s_max, s_min)
+    assert p.tolist() == [0.5, 0.0, 0.0, 0.0]  # above max, at min, flat: 0 (no division)
+    assert consolidated_p(torch.tensor([0.9, 0.2, 0.4, 0.6]), [1, 2, 3]) == pytest.approx(0.4)
+    assert consolidated_p(torch.tensor([0.9]), []) == 0.0
+
+
+def test_eq4_fusion_blends_by_cosine():
+    old = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
+    new = torch.tensor([[[1.0, 1.0], [-1.0, 0.0]]])
+    out = fuse(old, new)
+    theta = 1 / math.sqrt(2)
+    assert torch.allclose(out[0, 0], theta * new[0, 0] + (1 - theta) * old[0, 0])
+    assert torch.equal(out[0, 1], old[0, 1])  # cos = −1 → θ clipped to 0: the old entry
+
+
+# ------------------------------------------------------------------------- the strategy
+
+def test_everything_kept_and_recomputed_by_overwrite_equals_recompute():
+    """P ≡ 1, no cut, every context token recombined and overwritten: the full ceiling."""
+    rt = tiny_runtime("tiny-llama")
+    composed = prompt(rt)
+    ceiling, _ = answer_logits(rt, get_strategy("recompute"), composed)
+    everything = get_strategy("samkv", {"p": 1.0, "cut": False, "ratio": 1.0, "fusion": False})
+    logits, plan = answer_logits(rt, everything, composed)
+    assert plan.recomputed == composed.n_context
+    assert (logits - ceiling).abs().max() <= 1e-4
+
+
+def test_the_cache_holds_exactly_the_kept_rows_with_initial_and_local_blocks_at_every_layer():
+    rt = tiny_runtime("tiny-qwen2")
+    composed = prompt(rt, sizes=(64, 72, 56), seed=3)
+    strategy = get_strategy("samkv", {"p": 0.3})
+    plan = strategy.plan(rt, composed, reserve=4)
+    prefix = set(range(composed.n_prefix))
+    for layer in plan.cache:
+        for group in layer.heads():
+            held = set(group.positions.tolist()) - prefix
+            for seg, off in zip(composed.segments, composed.offsets):
+                n_blocks = -(-seg.n_tokens // 8)
+                first = set(range(off, off + 8))
+                last = set(range(off + (n_blocks - 2) * 8, off + seg.n_tokens))
+                assert first | last <= held  # block 0 and the 2 local blocks, every layer
+            # nothing else than whole blocks of the documents (no question yet, no padding)
+            assert held <= set(composed.reused_positions().tolist())
+    ratio = sequence_ratio(plan.cache, composed)
+    assert 0 < ratio < 1
+    pie = get_strategy("pie").plan(rt, composed, reserve=4)
+    assert sum(layer.nbytes() for layer in plan.cache) < sum(layer.nbytes() for layer in pie.cache)
+    logits, _ = answer_logits(rt, strategy, composed)
+    assert torch.isfinite(logits).all()
+
+
+def test_dynamic_top_p_and_the_cut_keep_fewer_blocks_than_candidates():
+    rt = tiny_runtime("tiny-llama")
+    composed = prompt(rt, sizes=(96, 96, 96), seed=4)
+    no_cut = get_strategy("samkv", {"cut": False, "recombine": False})
+    cut = get_strategy("samkv", {"recombine": False})
+    r_no_cut = sequence_ratio(no_cut.plan(rt, composed, 4).cache, composed)
+    r_cut = sequence_ratio(cut.plan(rt, composed, 4).cache, composed)
+    fixed = 3 * 8 / 96  # initial + 2 local blocks of 12
+    assert fixed <= r_cut <= r_no_cut <= 1
+
+
+def recombined(strategy, rt, composed, kept, chosen):
+    docs = [strategy.regions(seg, off) for seg, off in zip(composed.segments, composed.offsets)]
+    return strategy.recombination(rt, composed, docs, kept, chosen, 4)
+
+
+def per_head(layer):
+    """(keys, values, positions) of each KV head, dense or ragged alike."""
+    return [(g.keys[h], g.values[h], g.positions) for g in layer.heads()
+            for h in range(g.keys.shape[0])]
+
+
+def changed_slots(base, after, layers):
+    out = set()
+    for layer in layers:
+        for (ka, va, pa), (kb, vb, pb) in zip(per_head(base[layer]), per_head(after[layer])):
+            assert torch.equal(pa, pb)
+            diff = ((ka - kb).abs().amax(1) > 1e-6) | ((va - vb).abs().amax(1) > 1e-6)
+            out |= {(int(p), layer) for p in pa[diff]}
+    return out
+
+
+def test_recombination_rules_change_exactly_the_recomputed_slots():
+    """Fig. 5 on layers 1 and 2 (layer 0's K/V depend on the token alone: recomputing them
+    changes nothing), 8-token blocks. The document keeps blocks {0, 3, 4} at both layers,
+    block 1 only at layer 1, block 2 only at layer 2. Recombined tokens: 9 (block 1), 18
+    (block 2), 33 (block 4). Rule 1: 18 runs at layer 1 (its block padded in there) to reach
+    layer 2. Rule 2: a slot changes only where its token is recombined and its block kept."""
+    from kvedge.edge.strategies.samkv import SamKV
+
+    rt = tiny_runtime("tiny-llama")
+    composed = prompt(rt, sizes=(40,), seed=5)
+    kept = torch.zeros(3, 5, dtype=torch.bool)
+    kept[0] = True
+    kept[1:, [0, 3, 4]] = True
+    kept[1, 1] = kept[2, 2] = True
+    off = composed.offsets[0]
+    chosen = torch.tensor([9, 18, 33]) + off
+    base = recombined(SamKV(fusion=False), rt, composed, [kept], chosen[:0])
+    after = recombined(SamKV(fusion=False), rt, composed, [kept], chosen)
+    for layer in range(3):  # padding removed after the pass: exactly the kept blocks
+        rows = set(after[layer].heads()[0].positions.tolist()) - set(range(composed.n_prefix))
+        assert {(p - off) // 8 for p in rows} == set(kept[layer].nonzero().flatten().tolist())
+    assert changed_slots(base, after, range(3)) == {(9 + off, 1), (18 + off, 2), (33 + off, 1),
+                                                    (33 + off, 2)}
+    # without its block padded in at layer 1, token 18 reaches layer 2 with another input
+    unpadded = recombined(SamKV(fusion=False, pad=False), rt, composed, [kept], chosen)
+    assert (18 + off, 2) in changed_slots(after, unpadded, [2])
+
+
+def test_fusion_writes_theta_blend_of_the_recomputed_and_cached_entries():
+    from kvedge.edge.strategies.samkv import SamKV
+
+    rt = tiny_runtime("tiny-llama")
+    composed = prompt(rt, sizes=(32,), seed=6)
+    kept = torch.ones(3, 4, dtype=torch.bool)
+    chosen = torch.tensor([composed.offsets[0] + 5])
+    none, over, fused = (recombined(s, rt, composed, [kept], c) for s, c in (
+        (SamKV(), chosen[:0]), (SamKV(fusion=False), chosen), (SamKV(fusion=True), chosen)))
+    slot = int((per_head(none[1])[0][2] == chosen[0]).nonzero())  # layer 1: same input
+    old, new, got = (torch.stack([k[slot] for k, _, _ in per_head(c[1])])
+                     for c in (none, over, fused))
+    assert torch.allclose(got, fuse(old, new), atol=1e-6)
+    assert not torch.allclose(got, new)
+
+
+def test_sparse_segments_keep_whole_blocks_of_what_each_head_holds():
+    rt = tiny_runtime("tiny-llama")
+    composed = prompt(rt, sizes=(40,), seed=7)
+    seg = composed.segments[0]
+    evicted = seg.select([[p[p % 3 != 0] for p in layer] for layer in seg.kept_positions])
+    from kvedge.edge.strategies.samkv import SamKV
+
+    d = SamKV().regions(evicted, composed.offsets[0])
+    blocks = torch.zeros(rt.n_layers, d.n_blocks, dtype=torch.bool)
+    blocks[:, 1] = True
+    out, = sparse_segments(Composed(composed.prefix_ids, composed.prefix_keys,
+                                    composed.prefix_values, [evicted], composed.question_ids),
+                           [d], [blocks])
+    for layer in out.kept_positions:
+        for held in layer:
+            assert held.tolist() == [p for p in range(8, 16) if p % 3 != 0]
