@@ -27,6 +27,7 @@ from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import CHUNK, principal, rpc_errors, serve_grpc
+from kvedge.common.tls import ServerTLS
 
 log = logging.getLogger("kvedge.gateway")
 
@@ -68,10 +69,13 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
     # ------------------------------------------------------------------ uploads
 
     def _authorized(self, context, namespace: str, name: str | None = None):
+        """The caller's token covers `namespace`; checked before anything in the request is
+        looked at, so a caller without a valid token learns nothing (not even a bad name)."""
+        who = principal(self.tokens, context)
         check_name("namespace", namespace)
         if name is not None:
             check_name("knowledge base", name)
-        principal(self.tokens, context).require(namespace)
+        who.require(namespace)
 
     @rpc_errors
     def PlanUpload(self, request, context):
@@ -85,6 +89,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
 
     @rpc_errors
     def Upload(self, request_iterator, context):
+        principal(self.tokens, context)  # no token, no reading of the stream
         first = next(request_iterator, None)
         if first is None or not first.HasField("header"):
             raise BadInput("an upload stream starts with its header")
@@ -187,7 +192,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
 
     @rpc_errors
     def ListKBs(self, request, context):
-        who = principal(self.tokens, context)
+        who = principal(self.tokens, context)  # first, like _authorized
         if request.namespace:
             check_name("namespace", request.namespace)
             who.require(request.namespace)
@@ -222,8 +227,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
 
 
 def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
-          max_workers: int = 8):
-    """Start the gateway; returns (grpc server, gateway, bound port). Writes an admin token to
+          max_workers: int = 8, tls: ServerTLS | None = None, insecure: bool = False):
+    """Start the gateway (over TLS when `tls` is given; plaintext off loopback only if
+    `insecure`); returns (grpc server, gateway, bound port). Writes an admin token to
     <data_dir>/admin.token on first start."""
     from kvedge.cloud.workers import PrefillPool
 
@@ -233,5 +239,5 @@ def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
     if not admin.exists():
         write_secret(admin, gateway.tokens.issue("admin", ["*"]))
     server, port = serve_grpc(lambda srv: pb_grpc.add_CloudServicer_to_server(gateway, srv),
-                              address, ["kvedge.v1.Cloud"], max_workers)
+                              address, ["kvedge.v1.Cloud"], max_workers, tls, insecure)
     return server, gateway, port

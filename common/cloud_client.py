@@ -14,7 +14,8 @@ from kvedge.common.kbfiles import scan_folder
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import CHUNK, RpcClient, metadata, raise_remote
+from kvedge.common.rpc import CHUNK, RpcClient, metadata
+from kvedge.common.tls import ClientTLS
 
 DEADLINE = 60.0
 
@@ -28,15 +29,15 @@ class UploadResult:
 
 
 class CloudClient(RpcClient):
-    def __init__(self, address: str, token: str | None):
-        super().__init__(address, token)
+    def __init__(self, address: str, token: str | None, tls: ClientTLS | None = None):
+        super().__init__(address, token, tls)
         self.stub = pb_grpc.CloudStub(self._channel)
 
     def _call(self, method, request, timeout=DEADLINE):
         try:
             return method(request, metadata=metadata(self.token), timeout=timeout)
         except grpc.RpcError as err:
-            raise_remote(err)
+            self.failed(err)
 
     def upload(self, folder: Path | str, namespace: str, kb: str, *, segment_tokens: int = 0,
                whole: bool = False, codec: str = "", chunk_size: int = CHUNK,
@@ -86,7 +87,7 @@ class CloudClient(RpcClient):
                 pb.FetchPackRequest(namespace=namespace, pack_id=pack_id, offset=offset),
                 metadata=metadata(self.token), timeout=600)
         except grpc.RpcError as err:
-            raise_remote(err)
+            self.failed(err)
 
     def wait_ready(self, namespace: str, kb: str, timeout: float = 600,
                    progress: Callable[[pb.KBInfo], None] | None = None) -> pb.KBInfo:
@@ -129,4 +130,4 @@ class CloudClient(RpcClient):
             yield from self.stub.WatchJob(pb.JobRef(namespace=namespace, job_id=job_id),
                                           metadata=metadata(self.token), timeout=24 * 3600)
         except grpc.RpcError as err:
-            raise_remote(err)
+            self.failed(err)

@@ -9,12 +9,13 @@ import grpc
 
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import RpcClient, metadata, raise_remote
+from kvedge.common.rpc import RpcClient, metadata
+from kvedge.common.tls import ClientTLS
 
 
 class EdgeClient(RpcClient):
-    def __init__(self, address: str, token: str | None):
-        super().__init__(address, token)
+    def __init__(self, address: str, token: str | None, tls: ClientTLS | None = None):
+        super().__init__(address, token, tls)
         self.stub = pb_grpc.EdgeStub(self._channel)
 
     def ask(self, namespace: str, kb: str, question: str, *, strategy: str = "", top_k: int = 0,
@@ -29,4 +30,4 @@ class EdgeClient(RpcClient):
             for event in self.stub.Ask(request, metadata=metadata(self.token), timeout=timeout):
                 yield event.done if event.HasField("done") else event.text
         except grpc.RpcError as err:
-            raise_remote(err)
+            self.failed(err)

@@ -75,3 +75,15 @@ class CacheError(KvedgeError):
 
 class StoreError(KvedgeError):
     """The pack store could not read or write a pack."""
+
+
+class TLSError(KvedgeError):
+    """A TLS connection could not be set up: one side speaks TLS and the other does not, the
+    server's certificate is not trusted or names another host, or the certificate files are
+    unusable. The message says which, and the flag that fixes it."""
+
+    status = "UNAVAILABLE"
+
+
+class InsecureListen(KvedgeError):
+    """A daemon was asked to listen on a non-loopback address without TLS (and no --insecure)."""

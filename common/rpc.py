@@ -2,22 +2,30 @@
 
 Named kvedge errors become clear status codes on the server side and come back as the same
 named errors on the client side, so a user sees "NotFound: no knowledge base 'x' ..." and not
-a gRPC stack trace.
+a gRPC stack trace. Every server starts with `serve_grpc` and every channel opens with
+`channel`, each taking an optional TLS config (`kvedge.common.tls`); a connection that fails
+its TLS handshake comes back as a `TLSError` saying which side is wrong. `run_until_signal`
+is how both daemons stop: gracefully, on SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 import os
+import signal
+import threading
 from pathlib import Path
+from typing import Callable, Iterable
 
 import grpc
 
 from kvedge.common import errors
 from kvedge.common.auth import Principal, TokenStore, bearer
+from kvedge.common.tls import ClientTLS, ServerTLS, check_listen, handshake_error
 
 MAX_MESSAGE = 64 * 1024 * 1024
 CHUNK = 1024 * 1024
+SHUTDOWN_GRACE = 10.0   # seconds calls in flight get to finish when a daemon stops
 OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE),
            ("grpc.max_receive_message_length", MAX_MESSAGE)]
 
@@ -80,14 +88,18 @@ def principal(tokens: TokenStore, context) -> Principal:
     return tokens.check(bearer(context.invocation_metadata()))
 
 
-def raise_remote(err: grpc.RpcError):
-    """Client side: turn a failed call back into the named error it started as."""
+def raise_remote(err: grpc.RpcError, address: str = "", tls: ClientTLS | None = None):
+    """Client side: turn a failed call back into the named error it started as (a failed TLS
+    handshake with the service at `address` becomes a TLSError)."""
     detail = err.details() or ""
     name, _, message = detail.partition(": ")
     known = named_errors()
     if name in known and known[name] is not errors.KvedgeError:
         raise _rebuilt(known[name], message) from None
     if err.code() == grpc.StatusCode.UNAVAILABLE:
+        tls_error = handshake_error(detail, address, tls) if address else None
+        if tls_error is not None:
+            raise tls_error from None
         raise RemoteError(f"service unavailable ({detail}); is it running?") from None
     raise RemoteError(f"{err.code().name}: {detail}") from None
 
@@ -100,11 +112,16 @@ def _rebuilt(cls: type[errors.KvedgeError], message: str) -> errors.KvedgeError:
 
 
 class RpcClient:
-    """A channel to one service and the token its calls carry; a context manager."""
+    """A channel to one service (over TLS when `tls` is given) and the token its calls carry;
+    a context manager."""
 
-    def __init__(self, address: str, token: str | None):
-        self.address, self.token = address, token
-        self._channel = channel(address)
+    def __init__(self, address: str, token: str | None, tls: ClientTLS | None = None):
+        self.address, self.token, self.tls = address, token, tls
+        self._channel = channel(address, tls)
+
+    def failed(self, err: grpc.RpcError):
+        """Raise the named error a failed call stands for."""
+        raise_remote(err, self.address, self.tls)
 
     def close(self):
         self._channel.close()
@@ -120,29 +137,43 @@ def metadata(token: str | None):
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=OPTIONS)
+def channel(address: str, tls: ClientTLS | None = None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address, options=OPTIONS)
+    return grpc.secure_channel(address, tls.credentials(), options=OPTIONS)
 
 
 def read_token(explicit: str | None, default_file: Path) -> str | None:
-    """--token, else $KVEDGE_TOKEN, else the token file a local service wrote."""
+    """--token, else $KVEDGE_TOKEN, else the file $KVEDGE_TOKEN_FILE names (a mounted secret:
+    containers, systemd credentials), else the token file a local service wrote."""
     if explicit:
         return explicit
     if os.environ.get("KVEDGE_TOKEN"):
         return os.environ["KVEDGE_TOKEN"]
+    if os.environ.get("KVEDGE_TOKEN_FILE"):
+        path = Path(os.environ["KVEDGE_TOKEN_FILE"])
+        try:
+            return path.read_text().strip()
+        except OSError as err:
+            raise errors.InvalidRequest(f"cannot read $KVEDGE_TOKEN_FILE {path}: "
+                                        f"{err.strerror}") from None
     return default_file.read_text().strip() if default_file.exists() else None
 
 
-def serve_grpc(add_servicers, address: str, services: list[str], max_workers: int = 8):
+def serve_grpc(add_servicers, address: str, services: list[str], max_workers: int = 8,
+               tls: ServerTLS | None = None, insecure: bool = False):
     """Start a gRPC server: `add_servicers(server)` registers the services, standard health
-    checking reports `services` SERVING. Returns (server, bound port); OSError if it can't bind.
-    The gateway and the edge daemon both start this way."""
+    checking reports `services` SERVING. Over TLS when `tls` is given; plaintext on a
+    non-loopback address only if `insecure` (else InsecureListen). Returns (server, bound
+    port); OSError if it can't bind. The gateway and the edge daemon both start this way."""
     from concurrent import futures
 
+    check_listen(address, tls, insecure)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
     add_servicers(server)
     add_health(server, services)
-    port = server.add_insecure_port(address)
+    port = server.add_secure_port(address, tls.credentials()) if tls else \
+        server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}")
     server.start()
@@ -160,22 +191,58 @@ def add_health(server: grpc.Server, services: list[str]):
     return servicer
 
 
-def wait_healthy(address: str, timeout: float = 60.0) -> None:
-    """Block until the server at `address` answers SERVING (raises RemoteError on timeout)."""
+def wait_healthy(address: str, timeout: float = 60.0, tls: ClientTLS | None = None) -> None:
+    """Block until the server at `address` answers SERVING (raises RemoteError on timeout,
+    TLSError at once when TLS is set up wrong on either side)."""
     import time
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with channel(address) as ch:
+    with channel(address, tls) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
-            except grpc.RpcError:
-                pass
+            except grpc.RpcError as err:
+                tls_error = handshake_error(err.details() or "", address, tls)
+                if tls_error is not None:
+                    raise tls_error from None
             if time.monotonic() > deadline:
                 raise RemoteError(f"no healthy service at {address} after {timeout:.0f} s")
             time.sleep(0.2)
+
+
+class StopSignal:
+    """SIGTERM or SIGINT, caught as a request to stop. A daemon makes one first thing, so a stop
+    asked for during start-up is kept (and start-up then ends in a clean stop), and calls
+    `listen()` again after anything that installs handlers of its own (`ray.init` installs
+    one that aborts on SIGTERM)."""
+
+    def __init__(self):
+        self._requested = threading.Event()
+        self.listen()
+
+    def listen(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._requested.set())
+
+    def wait(self) -> None:
+        while not self._requested.wait(1.0):
+            pass
+
+
+def run_until_signal(server: grpc.Server, stop: StopSignal, grace: float = SHUTDOWN_GRACE,
+                     on_stop: Iterable[Callable[[], None]] = ()) -> None:
+    """Serve until `stop` is signalled, then stop cleanly: new calls are refused, calls in
+    flight get `grace` seconds to finish and are then cancelled, and only once the server has
+    stopped does each `on_stop` run (stop the sync thread, Ray, ...). A daemon then exits 0;
+    exiting with gRPC's threads still at work aborted ('terminate called without an active
+    exception')."""
+    stop.listen()
+    stop.wait()
+    server.stop(grace).wait()
+    for step in on_stop:
+        step()

@@ -7,7 +7,9 @@ import time
 import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, RegistryChoice
+from kvedge.common.config import configurable
 from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.tls import ca_option, server_options
 
 
 def _strategies():
@@ -50,6 +52,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
     click.echo(f"\n[{len(stream.ids)} tokens, {time.perf_counter() - start:.2f} s]", err=True)
 
 
+@configurable("edge.serve")
 @main.command("serve")
 @click.option("--cloud", "cloud_address", default=CLOUD_ADDRESS, show_default=True)
 @click.option("--cloud-token", default=None,
@@ -67,44 +70,63 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", default=0, help="pack cache budget (0 = unbounded); served KBs "
               "are pinned")
+@click.option("--http", "http_address", default=None, metavar="HOST:PORT",
+              help="also serve the OpenAI-compatible API (/v1/models, /v1/chat/completions) "
+              "here; same tokens and TLS as gRPC [default: off]")
+@server_options
+@ca_option("--cloud-tls-ca", what="the gateway")
+@click.option("--cloud-tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="mutual TLS: this edge's client certificate for the gateway")
+@click.option("--cloud-tls-key", type=click.Path(dir_okay=False), default=None,
+              help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, strategy, top_k,
-              max_new_tokens, sync_interval, cache_bytes):
-    """Sync the given KBs' packs from the cloud and answer questions about them."""
+              max_new_tokens, sync_interval, cache_bytes, http_address, tls_mode, tls_cert,
+              tls_key, tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert,
+              cloud_tls_key):
+    """Sync the given KBs' packs from the cloud and answer questions about them (blocks;
+    Ctrl-C or SIGTERM stops it gracefully and exits 0)."""
     import logging
-    import signal
-    import sys
     from pathlib import Path
 
     from kvedge.common.cli import home_path
     from kvedge.common.cloud_client import CloudClient
     from kvedge.common.models import load_model
-    from kvedge.common.rpc import read_token
+    from kvedge.common.rpc import StopSignal, read_token, run_until_signal
+    from kvedge.common.tls import check_listen, client_tls, describe, server_tls
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.packcache import PackCache
     from kvedge.edge.server import serve
     from kvedge.edge.sync import Syncer, Target
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     state = Path(state_dir) if state_dir else home_path("edge")
+    tls = server_tls(state, address, tls_mode, tls_cert, tls_key, tls_client_ca, tls_hosts)
+    check_listen(address, tls, insecure)  # before the model loads: a refusal costs nothing
+    if http_address:
+        check_listen(http_address, tls, insecure)
+    stop = StopSignal()  # from here a SIGTERM, even during start-up, ends in a clean stop
     targets = [Target.parse(spec) for spec in kbs]
     loaded = load_model(model_name)
     cache = PackCache(state / "packs", loaded.fingerprint, cache_bytes)
-    cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")))
+    cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")),
+                        client_tls(cloud_tls_ca, cloud_tls_cert, cloud_tls_key))
     syncer = Syncer(cloud, cache, state, targets, loaded.tokenizer.decode)
     engine = EdgeEngine(loaded, cache, state)
-    server, port = serve(engine, state, address, syncer, sync_interval, default_strategy=strategy,
-                         top_k=top_k, max_new_tokens=max_new_tokens)
-    click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port}, serving "
+    server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
+                         default_strategy=strategy, top_k=top_k, max_new_tokens=max_new_tokens)
+    click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
                f"{[t.key for t in targets]} from {cloud_address}; token in {state / 'edge.token'}",
                err=True)
-    try:
-        server.wait_for_termination()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        syncer.stop()
-        server.stop(2)
+    stops = [syncer.stop, cloud.close]
+    if http_address:
+        from kvedge.edge.http_api import serve_http
+
+        http = serve_http(engine, state, targets, http_address, tls=tls, strategy=strategy,
+                          top_k=top_k, max_new_tokens=max_new_tokens)
+        click.echo(f"OpenAI-compatible API on {http.url}", err=True)
+        stops.insert(0, http.stop)
+    run_until_signal(server, stop, on_stop=stops)
+    click.echo("edge stopped", err=True)
 
 
 @main.command("strategies")

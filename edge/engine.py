@@ -10,11 +10,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
+from kvedge.common.generate import GREEDY, Sampler
 from kvedge.common.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.strategies import Composed, get_strategy
@@ -26,6 +27,7 @@ INSTRUCTION = "Answer the question using the documents above. Answer briefly."
 MAX_QUESTION_TOKENS = 1024
 MAX_NEW_TOKENS = 1024
 MAX_TOP_K = 32
+MAX_STOPS, MAX_STOP_CHARS = 4, 256  # stop strings per request (OpenAI's limit), their length
 CHARS_PER_TOKEN_BOUND = 16  # no tokenizer makes tokens longer on average than this
 
 
@@ -43,6 +45,9 @@ class AskResult:
     strategy: str
     prompt_tokens: int
     recomputed_tokens: int
+    kv_bytes: int = 0            # edge KV the answer attended over
+    sequence_ratio: float = 1.0  # context rows kept / context tokens (SamKV's sequence ratio)
+    finish_reason: str = "stop"  # "stop": end of turn or a stop string; "length": max_new_tokens
 
 
 @dataclass
@@ -91,33 +96,45 @@ class EdgeEngine:
         return Composed(self.prefix_ids, self.prefix_keys, self.prefix_values, segments,
                         self.question_ids(question, instruction))
 
-    def answer(self, composed: Composed, strategy, max_new_tokens: int) -> Iterator[str | dict]:
-        """Plan with `strategy`, decode, yield answer pieces, then a dict of what it cost
-        (times are relative to the call; plan building counts toward the first token)."""
+    def answer(self, composed: Composed, strategy, max_new_tokens: int, *,
+               sampler: Sampler = GREEDY, stop: Sequence[str] = ()) -> Iterator[str | dict]:
+        """Plan with `strategy`, decode with `sampler` until the end of the turn, a `stop`
+        string (left out of the answer) or `max_new_tokens`; yield answer pieces, then a dict
+        of what it cost (times are relative to the call; plan building counts toward the
+        first token)."""
         from kvedge.common.generate import generate
         from kvedge.common.kvcache import cache_nbytes
-        from kvedge.common.textstream import TextStream
+        from kvedge.edge.strategies.base import sequence_ratio
+        from kvedge.common.textstream import StopText, TextStream
 
         start = time.perf_counter()
         plan = strategy.plan(self.rt, composed, reserve=max_new_tokens)
-        stream, times = TextStream(self.tok), []
-        eos = self.tok.eos_token_id
+        stream, stops, times = TextStream(self.tok), StopText(stop), []
+        eos, finish = self.tok.eos_token_id, "length"
         for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
-                              max_new_tokens, stop_ids=(eos,), active=plan.active,
-                              observe=plan.observe):
+                              max_new_tokens, sampler=sampler, stop_ids=(eos,),
+                              active=plan.active, observe=plan.observe):
             times.append(time.perf_counter())
             if token == eos:
+                finish = "stop"
                 break
-            piece = stream.push(token)
+            piece = stops.push(stream.push(token))
             if piece:
                 yield piece
-        yield {"answer": stream.text.strip(), "tokens": len(stream.ids),
+            if stops.hit:
+                finish = "stop"
+                break
+        if rest := stops.flush():
+            yield rest
+        yield {"answer": stops.text.strip(), "tokens": len(stream.ids), "finish_reason": finish,
                "first_token_s": times[0] - start if times else 0.0,
                "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
                "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
+               "sequence_ratio": sequence_ratio(plan.cache, composed),
                "prompt_tokens": len(composed.all_ids())}
 
-    def check_request(self, question: str, top_k: int, max_new_tokens: int) -> None:
+    def check_request(self, question: str, top_k: int, max_new_tokens: int,
+                      stop: Sequence[str] = ()) -> None:
         """The request's sizes, before any work: InvalidRequest / RequestTooLarge."""
         if not question.strip():
             raise BadInput("the question is empty")
@@ -129,6 +146,9 @@ class EdgeEngine:
                                  f"got {max_new_tokens}")
         if not 1 <= top_k <= MAX_TOP_K:
             raise InvalidRequest(f"top_k must be in [1, {MAX_TOP_K}], got {top_k}")
+        if len(stop) > MAX_STOPS or not all(0 < len(s) <= MAX_STOP_CHARS for s in stop):
+            raise InvalidRequest(f"give at most {MAX_STOPS} stop strings of 1-{MAX_STOP_CHARS} "
+                                 "characters each")
 
     def check_fits(self, context_tokens: int, question: str, max_new_tokens: int) -> None:
         """The composed prompt and the answer within the model's context window."""
@@ -144,13 +164,14 @@ class EdgeEngine:
                                   "ask with a smaller top_k or max_new_tokens")
 
     def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
-            max_new_tokens: int = 48,
-            options: Mapping[str, str] | None = None) -> Iterator[str | AskResult]:
+            max_new_tokens: int = 48, options: Mapping[str, str] | None = None,
+            sampler: Sampler = GREEDY, stop: Sequence[str] = ()) -> Iterator[str | AskResult]:
         """Retrieve, load the packs, answer: yield answer pieces, then one AskResult.
-        `options` are the strategy's (checked against its fields: InvalidOption if bad)."""
+        `options` are the strategy's (checked against its fields: InvalidOption if bad);
+        `sampler` picks each token (greedy by default); a `stop` string ends the answer."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
-        self.check_request(question, top_k, max_new_tokens)
+        self.check_request(question, top_k, max_new_tokens, stop)
         with self._lock:  # one answer at a time: 2 cores, one model copy
             kb = self._kb(target)
             # the best segment goes last, next to the question: small models copy from there
@@ -159,10 +180,12 @@ class EdgeEngine:
             self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
             composed = self.compose([self.cache.load(m["pack_id"]) for m in metas], question)
             setup = time.perf_counter() - start
-            for event in self.answer(composed, chosen, max_new_tokens):
+            for event in self.answer(composed, chosen, max_new_tokens, sampler=sampler,
+                                     stop=stop):
                 if isinstance(event, str):
                     yield event
         yield AskResult(event["answer"], setup + event["first_token_s"], event["tpot_s"],
                         event["tokens"], [m["index"] for m in metas],
                         sum(m["pack_bytes"] for m in metas), sum(m["fp16_bytes"] for m in metas),
-                        chosen.name, event["prompt_tokens"], event["recomputed"])
+                        chosen.name, event["prompt_tokens"], event["recomputed"],
+                        event["kv_bytes"], event["sequence_ratio"], event["finish_reason"])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -10,6 +9,7 @@ from kvedge.common.auth import TokenStore, check_name, write_secret
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import principal, rpc_errors, serve_grpc
+from kvedge.common.tls import ServerTLS
 from kvedge.edge.engine import AskResult, EdgeEngine
 from kvedge.edge.sync import Target
 
@@ -24,14 +24,17 @@ class EdgeService(pb_grpc.EdgeServicer):
 
     @rpc_errors
     def Ask(self, request, context):
+        who = principal(self.tokens, context)  # before anything in the request is looked at
         ns = check_name("namespace", request.namespace or "default")
-        principal(self.tokens, context).require(ns)
+        who.require(ns)
         target = Target.in_namespace(ns, request.kb)  # "NAME" or "NAME@VARIANT"
         for event in self.engine.ask(target, request.question,
                                      strategy=request.strategy or self.default_strategy,
                                      top_k=request.top_k or self.top_k,
                                      max_new_tokens=request.max_new_tokens or self.max_new,
                                      options=dict(request.options)):
+            if not context.is_active():  # cancelled, or past the shutdown grace: stop decoding
+                return
             if isinstance(event, AskResult):
                 yield pb.AskEvent(done=pb.AskDone(**asdict(event)))
             else:
@@ -39,16 +42,18 @@ class EdgeService(pb_grpc.EdgeServicer):
 
 
 def serve(engine: EdgeEngine, state_dir: Path, address: str = "127.0.0.1:50052",
-          syncer=None, sync_interval: float = 5.0, **service_options):
-    """Start the daemon (and its sync loop); returns (server, port). Writes an access token to
-    <state_dir>/edge.token on first start."""
+          syncer=None, sync_interval: float = 5.0, tls: ServerTLS | None = None,
+          insecure: bool = False, **service_options):
+    """Start the daemon (and its sync loop: stop it with `syncer.stop()`); returns (server,
+    port). Over TLS when `tls` is given; plaintext off loopback only if `insecure`. Writes an
+    access token to <state_dir>/edge.token on first start."""
     tokens = TokenStore(Path(state_dir) / "tokens.json")
     token_file = Path(state_dir) / "edge.token"
     if not token_file.exists():
         write_secret(token_file, tokens.issue("edge-admin", ["*"]))
     service = EdgeService(engine, tokens, **service_options)
     server, port = serve_grpc(lambda srv: pb_grpc.add_EdgeServicer_to_server(service, srv),
-                              address, ["kvedge.v1.Edge"])
+                              address, ["kvedge.v1.Edge"], tls=tls, insecure=insecure)
     if syncer is not None:
-        threading.Thread(target=syncer.run, args=(sync_interval,), name="sync", daemon=True).start()
+        syncer.start(sync_interval)
     return server, port

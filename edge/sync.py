@@ -58,6 +58,7 @@ class Syncer:
         self.detokenize = detokenize
         self.last_error: str | None = None
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def sync_once(self) -> dict[str, int]:
         """Fetch what is missing for every target; returns packs fetched per target.
@@ -115,6 +116,8 @@ class Syncer:
         offset = self.cache.held(pack_id)
         for chunk in self.client.fetch_pack(namespace, pack_id, offset):
             self.cache.append(pack_id, chunk.offset, chunk.data)
+            if self._stop.is_set():  # stopping: keep what arrived, resume it next start
+                raise SyncStopped(f"stopped while fetching {pack_id[:16]}…")
         self.cache.commit(pack_id)
 
     def local(self, target: Target) -> dict | None:
@@ -131,5 +134,19 @@ class Syncer:
                 self.last_error = f"{type(err).__name__}: {err}"  # sync_once logged each one
             self._stop.wait(interval)
 
-    def stop(self) -> None:
+    def start(self, interval: float = 5.0) -> None:
+        """Sync in a background thread every `interval` seconds, until stop()."""
+        self._thread = threading.Thread(target=self.run, args=(interval,), name="sync",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop syncing; waits up to `timeout` s for a sync in progress to end (a pack being
+        fetched stops at its next chunk, resumable)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class SyncStopped(Exception):
+    """Raised inside a sync when the syncer is stopped mid-fetch (never leaves the syncer)."""

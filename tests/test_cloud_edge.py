@@ -271,8 +271,10 @@ def test_ask_streams_an_answer_with_timings(edge, strategy):
                 "cacheblend": round(0.15 * n_context), "epic": sum(min(n, 16) for n in sizes),
                 "legolink": sum(min(n, 40) for n in sizes),
                 "sparsex": min(round(0.15 * n_context), n_context - overflow) + overflow,
+                "samkv": sum(round(round(0.15 * n_context) * n / n_context) for n in sizes),
                 }.get(strategy, 0)
     assert done.recomputed_tokens == expected
+    assert done.kv_bytes > 0 and 0 < done.sequence_ratio <= 1
 
 
 @dataclass

@@ -21,10 +21,10 @@ def kvctl():
 
 
 def _register() -> None:
-    from kvedge.cloud.cli import ask, demo, gateway, jobs, kb, models
+    from kvedge.cloud.cli import ask, config, demo, gateway, health, jobs, kb, models
     from kvedge.common.pack.cli import pack
 
-    for module in (models, gateway, kb, jobs, ask, demo):
+    for module in (models, gateway, health, config, kb, jobs, ask, demo):
         for command in module.COMMANDS:
             kvctl.add_command(command)
     kvctl.add_command(pack)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from kvedge.common.cli import EDGE_ADDRESS, echo_json, home_path, parse_options, proto_dict
+from kvedge.common.tls import ca_option
 
 
 @click.command("ask")
@@ -18,15 +19,18 @@ from kvedge.common.cli import EDGE_ADDRESS, echo_json, home_path, parse_options,
 @click.option("--max-new-tokens", default=0)
 @click.option("--edge", "address", default=EDGE_ADDRESS, show_default=True)
 @click.option("--token", default=None, help="[default: $KVEDGE_TOKEN or the local edge token]")
+@ca_option("--tls-ca", what="the edge")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object at the end")
 def ask_cmd(question, kb, namespace, strategy, opts, top_k, max_new_tokens, address, token,
-            as_json):
+            tls_ca, as_json):
     """Ask an edge daemon a question about a knowledge base; the answer streams."""
     from kvedge.common.edge_client import EdgeClient
     from kvedge.common.rpc import read_token
+    from kvedge.common.tls import client_tls
 
     options = parse_options(opts)
-    with EdgeClient(address, read_token(token, home_path("edge", "edge.token"))) as edge:
+    with EdgeClient(address, read_token(token, home_path("edge", "edge.token")),
+                    client_tls(tls_ca)) as edge:
         for event in edge.ask(namespace, kb, question, strategy=strategy, top_k=top_k,
                               max_new_tokens=max_new_tokens, options=options):
             if isinstance(event, str):

@@ -1,13 +1,13 @@
 """`kvctl cloud up` (run the gateway) and `kvctl token` (issue namespace-scoped tokens)."""
 from __future__ import annotations
 
-import sys
-
 import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, home_path
+from kvedge.common.config import configurable
 from kvedge.common.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
+from kvedge.common.tls import server_options
 
 
 @click.group("cloud")
@@ -15,6 +15,7 @@ def cloud_group():
     """Run the cloud gateway."""
 
 
+@configurable("cloud.up")
 @cloud_group.command("up")
 @click.option("--data", "data_dir", type=click.Path(), default=None,
               help="catalog, staging and tokens [default: $KVEDGE_HOME/cloud]")
@@ -29,37 +30,58 @@ def cloud_group():
               help="prefill each segment behind the chat prefix (kept out of the pack) or alone")
 @click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
 @click.option("--cpus-per-actor", default=None, type=int, help="[default: all CPUs / actors]")
+@server_options
 def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec,
-             anchored, actors, cpus_per_actor):
-    """Start the gateway (blocks; Ctrl-C or SIGTERM stops it and the Ray it started)."""
+             anchored, actors, cpus_per_actor, tls_mode, tls_cert, tls_key, tls_hosts,
+             tls_client_ca, insecure):
+    """Start the gateway (blocks; Ctrl-C or SIGTERM stops it gracefully, and the Ray it
+    started, and exits 0)."""
     import logging
     import os
-    import signal
     from pathlib import Path
+
+    import ray
 
     from kvedge.cloud.gateway import GatewayConfig, serve
     from kvedge.cloud.workers import start_ray
+    from kvedge.common.rpc import StopSignal, run_until_signal
+    from kvedge.common.tls import check_listen, describe, server_tls
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     cpus = cpus_per_actor or max(1, (os.cpu_count() or 1) // actors)
     config = GatewayConfig(Path(data_dir) if data_dir else home_path("cloud"), store_url,
                            model_name, segment_tokens, codec, actors, cpus,
                            anchored=anchored)
+    tls = server_tls(config.data_dir, address, tls_mode, tls_cert, tls_key, tls_client_ca,
+                     tls_hosts)
+    check_listen(address, tls, insecure)  # before Ray starts: a refusal costs nothing
+    stop = StopSignal()  # from here a SIGTERM, even during start-up, ends in a clean stop
     start_ray(ray_address, num_cpus=None if ray_address else max(os.cpu_count() or 1, cpus))
-    server, gateway, port = serve(config, address)
-    host = address.rsplit(":", 1)[0]
-    click.echo(f"gateway listening on {host}:{port} (data {config.data_dir}, store "
-               f"{config.store_url}); admin token in {config.data_dir / 'admin.token'}", err=True)
-    try:
-        server.wait_for_termination()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop(2)
-        import ray
+    stop.listen()  # ray.init replaced the handlers
+    server, gateway, port = serve(config, address, tls=tls, insecure=insecure)
+    host, data = address.rsplit(":", 1)[0], config.data_dir
+    click.echo(f"gateway listening on {host}:{port} ({describe(tls)}; data {data}, store "
+               f"{config.store_url}); admin token in {data / 'admin.token'}", err=True)
+    run_until_signal(server, stop, on_stop=[ray.shutdown])
+    click.echo("gateway stopped", err=True)
 
-        ray.shutdown()
+
+@cloud_group.command("client-cert")
+@click.argument("name")
+@click.option("--data", "data_dir", type=click.Path(), default=None,
+              help="the gateway's data dir: its --tls auto CA signs [default: $KVEDGE_HOME/cloud]")
+@click.option("--out", type=click.Path(file_okay=False), default=".", show_default=True)
+def client_cert(name, data_dir, out):
+    """Issue a client certificate for mutual TLS (`cloud up --tls auto --tls-client-ca
+    <data>/tls/ca.pem`; the edge passes it as --cloud-tls-cert/--cloud-tls-key)."""
+    from pathlib import Path
+
+    from kvedge.common.auth import check_name
+    from kvedge.common.tls import issue_client
+
+    root = Path(data_dir) if data_dir else home_path("cloud")
+    cert, key = issue_client(root / "tls", check_name("client", name), out)
+    click.echo(f"{cert}\n{key}")
 
 
 @click.command("token")

@@ -51,11 +51,11 @@ def job_group():
               help="pack codec spec, e.g. int4+zstd")
 @with_cloud
 @click.option("--wait/--no-wait", default=True, show_default=True)
-def job_submit(kbs, method, budget, codec, address, token, namespace, wait):
+def job_submit(kbs, method, budget, codec, address, token, tls_ca, namespace, wait):
     """Compress every context of the KBs; the result is a new variant of each KB."""
     from tqdm import tqdm
 
-    with cloud_client(address, token) as cloud:
+    with cloud_client(address, token, tls_ca) as cloud:
         job = cloud.submit_job(namespace, list(kbs), method, budget, codec)
         click.echo(f"job {job.job_id} submitted: {job.total} contexts → variant {job.variant}")
         if not wait:
@@ -74,8 +74,8 @@ def job_submit(kbs, method, budget, codec, address, token, namespace, wait):
 @click.argument("job_id")
 @with_cloud
 @click.option("--json", "as_json", is_flag=True)
-def job_status(job_id, address, token, namespace, as_json):
-    with cloud_client(address, token) as cloud:
+def job_status(job_id, address, token, tls_ca, namespace, as_json):
+    with cloud_client(address, token, tls_ca) as cloud:
         job = cloud.get_job(namespace, job_id)
     echo_json(proto_dict(job)) if as_json else _print_job(job)
 
@@ -83,8 +83,8 @@ def job_status(job_id, address, token, namespace, as_json):
 @job_group.command("list")
 @with_cloud
 @click.option("--json", "as_json", is_flag=True)
-def job_list(address, token, namespace, as_json):
-    with cloud_client(address, token) as cloud:
+def job_list(address, token, tls_ca, namespace, as_json):
+    with cloud_client(address, token, tls_ca) as cloud:
         jobs = cloud.list_jobs(namespace)
     echo_messages(jobs, as_json, _print_job)
 
@@ -92,8 +92,8 @@ def job_list(address, token, namespace, as_json):
 @job_group.command("cancel")
 @click.argument("job_id")
 @with_cloud
-def job_cancel(job_id, address, token, namespace):
-    with cloud_client(address, token) as cloud:
+def job_cancel(job_id, address, token, tls_ca, namespace):
+    with cloud_client(address, token, tls_ca) as cloud:
         _print_job(cloud.cancel_job(namespace, job_id))
 
 

@@ -15,11 +15,12 @@ from kvedge.common.cli import echo_json, echo_messages, proto_dict
 @click.option("--whole", is_flag=True, help="KBQA mode: the whole KB as one context")
 @click.option("--codec", default="", help="pack codec [default: the gateway's]")
 @click.option("--no-wait", is_flag=True, help="return once uploaded, before ingest finishes")
-def upload_cmd(folder, name, address, token, namespace, segment_tokens, whole, codec, no_wait):
+def upload_cmd(folder, name, address, token, tls_ca, namespace, segment_tokens, whole, codec,
+               no_wait):
     """Upload a folder of .txt/.md files as a knowledge base (unchanged files are skipped)."""
     from tqdm import tqdm
 
-    with cloud_client(address, token) as cloud:
+    with cloud_client(address, token, tls_ca) as cloud:
         bar = tqdm(unit="B", unit_scale=True, desc="upload", leave=True)
 
         def sent(done, total):
@@ -59,8 +60,8 @@ def kb_group():
 @kb_group.command("list")
 @with_cloud
 @click.option("--json", "as_json", is_flag=True)
-def kb_list(address, token, namespace, as_json):
-    with cloud_client(address, token) as cloud:
+def kb_list(address, token, tls_ca, namespace, as_json):
+    with cloud_client(address, token, tls_ca) as cloud:
         kbs = cloud.list_kbs(namespace)
     echo_messages(kbs, as_json, lambda info: click.echo(
         f"{info.namespace}/{info.kb:24s} {info.status:10s} {info.mode:5s} "
@@ -72,8 +73,8 @@ def kb_list(address, token, namespace, as_json):
 @with_cloud
 @click.option("--variant", default="", help="a compressed variant [default: base]")
 @click.option("--json", "as_json", is_flag=True)
-def kb_status(name, address, token, namespace, variant, as_json):
-    with cloud_client(address, token) as cloud:
+def kb_status(name, address, token, tls_ca, namespace, variant, as_json):
+    with cloud_client(address, token, tls_ca) as cloud:
         info = cloud.get_kb(namespace, name, variant)
     if as_json:
         echo_json(proto_dict(info))
@@ -93,8 +94,8 @@ def kb_status(name, address, token, namespace, variant, as_json):
 @kb_group.command("rm")
 @click.argument("name")
 @with_cloud
-def kb_rm(name, address, token, namespace):
-    with cloud_client(address, token) as cloud:
+def kb_rm(name, address, token, tls_ca, namespace):
+    with cloud_client(address, token, tls_ca) as cloud:
         cloud.remove_kb(namespace, name)
     click.echo(f"removed {namespace}/{name}")
 

@@ -292,7 +292,7 @@ class AskRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., question: _Optional[str] = ..., strategy: _Optional[str] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AskDone(_message.Message):
-    __slots__ = ("answer", "ttft_s", "tpot_s", "tokens", "segments", "bytes_loaded", "fp16_bytes", "strategy", "prompt_tokens", "recomputed_tokens")
+    __slots__ = ("answer", "ttft_s", "tpot_s", "tokens", "segments", "bytes_loaded", "fp16_bytes", "strategy", "prompt_tokens", "recomputed_tokens", "kv_bytes", "sequence_ratio", "finish_reason")
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
     TPOT_S_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,9 @@ class AskDone(_message.Message):
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     answer: str
     ttft_s: float
     tpot_s: float
@@ -313,7 +316,10 @@ class AskDone(_message.Message):
     strategy: str
     prompt_tokens: int
     recomputed_tokens: int
-    def __init__(self, answer: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., tokens: _Optional[int] = ..., segments: _Optional[_Iterable[int]] = ..., bytes_loaded: _Optional[int] = ..., fp16_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+    kv_bytes: int
+    sequence_ratio: float
+    finish_reason: str
+    def __init__(self, answer: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., tokens: _Optional[int] = ..., segments: _Optional[_Iterable[int]] = ..., bytes_loaded: _Optional[int] = ..., fp16_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., sequence_ratio: _Optional[float] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class AskEvent(_message.Message):
     __slots__ = ("text", "done")
