@@ -2,6 +2,9 @@
 
 A KB's pack list changes in one transaction once every pack of a new ingest is stored, so a
 reader sees either the old complete KB or the new complete one, never a half-written one.
+Several processes may share the file (the gateway, and batch jobs run as Ray jobs: `python -m
+kvedge.cloud.jobs`): SQLite's locking keeps each transaction whole across them, which needs the
+file on a local disk, not a network filesystem.
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ class JobRecord:
     method: str
     budget: float
     codec: str
-    status: str = "queued"  # queued | running | done | failed | cancelled
+    status: str = "queued"  # queued | running | cancelling | done | failed | cancelled
     done: int = 0
     total: int = 0
     failures: list[dict] = field(default_factory=list)  # {"kb", "segment", "error"}
@@ -111,7 +114,10 @@ class Catalog:
     def __init__(self, path: Path | str):
         self.path = str(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # the gateway and batch jobs run as Ray jobs share this file: a writer waits for
+        # another process's transaction (all are short) instead of failing "locked"
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=30)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(SCHEMA)
@@ -237,11 +243,25 @@ class Catalog:
     # ------------------------------------------------------------------ jobs
 
     def put_job(self, job: "JobRecord") -> None:
+        """Write the job's record; a progress write (queued or running) keeps a pending
+        cancel request (`request_cancel`, possibly from another process) in place."""
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO "
+                       "UPDATE SET status = CASE WHEN jobs.status = 'cancelling' AND "
+                       "excluded.status IN ('queued', 'running') THEN jobs.status ELSE "
+                       "excluded.status END, done=excluded.done, total=excluded.total, "
+                       "failures=excluded.failures, finished=excluded.finished, "
+                       "compress_s=excluded.compress_s",
                        (job.id, job.namespace, json.dumps(job.kbs), job.method, job.budget,
                         job.codec, job.status, job.done, job.total, json.dumps(job.failures),
                         job.created, job.finished, job.compress_s))
+
+    def request_cancel(self, namespace: str, job_id: str) -> None:
+        """Mark a queued or running job 'cancelling'; whichever process runs it (the gateway or
+        a Ray job) sees that, stops and records it 'cancelled'."""
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET status='cancelling' WHERE id=? AND namespace=? AND "
+                       "status IN ('queued', 'running')", (job_id, namespace))
 
     def job(self, namespace: str, job_id: str) -> "JobRecord":
         with self._lock:

@@ -6,6 +6,11 @@ the kept KV with the codec and publishes the result as a new variant of each KB,
 uncompressed one (`kvedge serve --kb NS/KB@VARIANT` answers from it). Ray retries a task
 whose worker died; a context that still fails is reported with its error and its KB's variant
 is not published (a half-compressed variant is never served).
+
+A job runs in the gateway (`kvctl job submit`) or as its own process on a Ray cluster
+(`ray job submit -- python -m kvedge.cloud.jobs --data DIR ...`, `main` below): both read and
+write the same store and catalog, so `kvctl job list` shows either, and `kvctl job cancel`
+stops either (through the catalog's cancel request).
 """
 from __future__ import annotations
 
@@ -14,8 +19,13 @@ import threading
 import time
 import uuid
 
+import click
+
 from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord
-from kvedge.common.errors import BadInput, InvalidRequest
+from kvedge.common.cli import RegistryChoice
+from kvedge.common.errors import BadInput, InvalidRequest, KvedgeError, ModelMismatch
+from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 log = logging.getLogger("kvedge.jobs")
 
@@ -36,11 +46,30 @@ def check_spec(method: str, budget: float, codec: str) -> None:
     get_codec(codec)
 
 
+class CancelFlag:
+    """A job's cancel request: set in this process, or found in the catalog ('cancelling',
+    written by the gateway for a job another process runs). The runner checks it between
+    contexts and the pool about once a second while it waits, so polling the catalog is cheap."""
+
+    def __init__(self, catalog: Catalog, job: JobRecord):
+        self._catalog, self._job = catalog, job
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        if not self._event.is_set() and \
+                self._catalog.job(self._job.namespace, self._job.id).status == "cancelling":
+            self._event.set()
+        return self._event.is_set()
+
+
 class JobRunner:
     def __init__(self, catalog: Catalog, store, pool):
         self.catalog, self.store, self.pool = catalog, store, pool
         self._threads: dict[str, threading.Thread] = {}
-        self._cancel: dict[str, threading.Event] = {}
+        self._cancel: dict[str, CancelFlag] = {}
 
     def submit(self, namespace: str, kbs: list[str], method: str, budget: float,
                codec: str) -> JobRecord:
@@ -57,7 +86,7 @@ class JobRunner:
         job = JobRecord(uuid.uuid4().hex[:12], namespace, list(plans), method, budget, codec,
                         total=sum(len(s) for s in plans.values()), created=time.time())
         self.catalog.put_job(job)
-        self._cancel[job.id] = threading.Event()
+        self._cancel[job.id] = CancelFlag(self.catalog, job)
         thread = threading.Thread(target=self._run, args=(job, plans), name=f"job-{job.id}",
                                   daemon=True)
         self._threads[job.id] = thread
@@ -65,15 +94,22 @@ class JobRunner:
         return job
 
     def cancel(self, namespace: str, job_id: str) -> JobRecord:
+        """Stop a job: one this runner runs at once; one another process runs (a Ray job)
+        when that process next checks (about a second), so it may still read 'cancelling'."""
         job = self.catalog.job(namespace, job_id)
-        if job.id in self._cancel and job.status in ("queued", "running"):
-            self._cancel[job.id].set()
-            self._threads[job.id].join(60)
+        if job.status in ("queued", "running"):
+            self.catalog.request_cancel(namespace, job_id)
+            if job.id in self._cancel:
+                self._cancel[job.id].set()
+                self._threads[job.id].join(60)
         return self.catalog.job(namespace, job_id)
 
-    def wait(self, job_id: str, timeout: float | None = None) -> None:
-        if job_id in self._threads:
-            self._threads[job_id].join(timeout)
+    def wait(self, job_id: str, timeout: float | None = None) -> bool:
+        """Wait for a job this runner runs; True once it has ended."""
+        thread = self._threads.get(job_id)
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
 
     def _run(self, job: JobRecord, plans: dict[str, list[SegmentRecord]]) -> None:
         job.status = "running"
@@ -92,33 +128,145 @@ class JobRunner:
 
     def _compress_kb(self, job: JobRecord, kb: str, segments: list[SegmentRecord],
                      cancelled) -> None:
+        """Compress one KB's contexts and publish them as its variant in one catalog
+        transaction, or publish nothing and delete what was stored."""
         ns, variant = job.namespace, job.variant
         self.catalog.set_progress(ns, kb, variant, "ingesting", total=len(segments))
-        packs = [(s.idx, self.store.read(s.pack_id)) for s in segments]
-        rows, stored, failed = [], [], False
-        for idx, outcome in self.pool.compress_all(packs, job.method, job.budget, job.codec,
-                                                   cancelled):
-            if isinstance(outcome, Exception):
-                failed = True
-                job.failures.append({"kb": kb, "segment": idx,
-                                     "error": f"{type(outcome).__name__}: {outcome}"})
-            else:
-                self.store.put(outcome.pack_id, outcome.data)
-                stored.append(outcome.pack_id)
-                src = next(s.source for s in segments if s.idx == idx)
-                rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),
-                                          outcome.n_tokens, src, outcome.fp16_bytes))
-                job.compress_s += outcome.seconds
-            job.done += 1
-            self.catalog.put_job(job)
-        if failed or cancelled.is_set() or len(rows) != len(segments):
+        rows, stored, failures = [], [], len(job.failures)
+        try:
+            self._compress_contexts(job, kb, segments, cancelled, rows, stored)
+        except Exception as err:  # noqa: BLE001 - e.g. a base pack gone from the store
+            log.exception("job %s: %s failed", job.id, kb)
+            job.failures.append({"kb": kb, "segment": -1,
+                                 "error": f"{type(err).__name__}: {err}"})
+        if len(job.failures) > failures or cancelled.is_set() or len(rows) != len(segments):
             for pack in stored:
                 if not self.catalog.pack_namespaces(pack):
                     self.store.delete(pack)
-            why = "cancelled" if cancelled.is_set() else f"{len(segments) - len(rows)} context(s) failed"
+            why = "cancelled" if cancelled.is_set() else \
+                f"{len(segments) - len(rows)} context(s) failed"
             self.catalog.set_progress(ns, kb, variant, "failed", error=f"job {job.id}: {why}")
             return
         rows.sort(key=lambda s: s.idx)
         fingerprint = self.catalog.get(ns, kb).model_fingerprint
         for orphan in self.catalog.publish(ns, kb, variant, rows, model_fingerprint=fingerprint):
             self.store.delete(orphan)
+
+    def _compress_contexts(self, job, kb, segments, cancelled, rows, stored) -> None:
+        """Run the method over the KB's contexts; appends to `rows` (what to publish),
+        `stored` (packs written) and the job's failures, saving progress per context."""
+        sources = {s.idx: s.source for s in segments}
+        packs = [(s.idx, self.store.read(s.pack_id)) for s in segments]
+        for idx, outcome in self.pool.compress_all(packs, job.method, job.budget, job.codec,
+                                                   cancelled):
+            if isinstance(outcome, Exception):
+                job.failures.append({"kb": kb, "segment": idx,
+                                     "error": f"{type(outcome).__name__}: {outcome}"})
+            else:
+                self.store.put(outcome.pack_id, outcome.data)
+                stored.append(outcome.pack_id)
+                rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),
+                                          outcome.n_tokens, sources[idx], outcome.fp16_bytes))
+                job.compress_s += outcome.seconds
+            job.done += 1
+            self.catalog.put_job(job)
+
+
+# ---------------------------------------------------------------- a job as its own process
+
+
+def _methods():
+    from kvedge.cloud.eviction import METHODS
+
+    return METHODS
+
+
+@click.command("jobs")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="the gateway's data dir (its catalog) [default: $KVEDGE_HOME/cloud]")
+@click.option("--store", "store_url", default=None,
+              help="the gateway's pack store (fsspec URL) [default: <data>/store]")
+@click.option("--namespace", "-n", default="default", show_default=True)
+@click.option("--kb", "kbs", multiple=True, required=True, help="repeatable")
+@click.option("--method", required=True, type=RegistryChoice(_methods),
+              help="eviction method (none: re-encode only)")
+@click.option("--budget", type=float, default=1.0, show_default=True,
+              help="fraction of KV pairs kept")
+@click.option("--codec", default=DEFAULT_CODEC, show_default=True, help="e.g. int4+zstd")
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
+              help="the gateway's model (packs are bound to it)")
+@click.option("--ray-address", envvar="RAY_ADDRESS", default=None,
+              help="Ray cluster to run on [default: $RAY_ADDRESS, which `ray job submit` sets; "
+                   "else Ray starts in-process]")
+@click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
+@click.option("--cpus-per-actor", default=1, show_default=True)
+def main(data_dir, store_url, namespace, kbs, method, budget, codec, model_name, ray_address,
+         actors, cpus_per_actor):
+    """Run one batch compression job in this process, on the Ray cluster, against the gateway's
+    catalog and store; `kvctl job list` on that gateway shows its progress. Exit code 0 when
+    every context is compressed and published, 1 when it failed or was cancelled (SIGTERM,
+    `ray job stop` or `kvctl job cancel`)."""
+    try:
+        job = _run_job(data_dir, store_url, namespace, list(kbs), method, budget, codec,
+                       model_name, ray_address, actors, cpus_per_actor)
+    except KvedgeError as err:  # one clear line, exit code 2, as kvctl prints them
+        click.echo(f"error: {type(err).__name__}: {err}", err=True)
+        raise SystemExit(2) from None
+    raise SystemExit(0 if job.status == "done" else 1)
+
+
+def _run_job(data_dir, store_url, namespace, kbs, method, budget, codec, model_name,
+             ray_address, actors, cpus_per_actor) -> JobRecord:
+    import os
+    import signal
+    from pathlib import Path
+
+    from kvedge.cloud.store import PackStore
+    from kvedge.cloud.workers import PrefillPool, start_ray
+    from kvedge.common.auth import check_name
+    from kvedge.common.cli import home_path
+
+    check_name("namespace", namespace)
+    for kb in kbs:
+        check_name("knowledge base", kb)
+    data = Path(data_dir) if data_dir else home_path("cloud")
+    if not (data / "catalog.sqlite").exists():
+        raise BadInput(f"no catalog in {data}: pass the gateway's --data directory")
+    catalog = Catalog(data / "catalog.sqlite")
+    check_spec(method, budget, codec)
+    made_by = {kb: catalog.get(namespace, kb).model_fingerprint for kb in kbs}  # NotFound now
+    start_ray(ray_address, num_cpus=None if ray_address else
+              max(os.cpu_count() or 1, actors * cpus_per_actor))
+    pool = PrefillPool(model_name, actors, cpus_per_actor)
+    fingerprint = pool.identity()["fingerprint"]
+    for kb, made in made_by.items():
+        if made not in ("", fingerprint):
+            raise ModelMismatch(f"{kb!r} was ingested with another model than {model_name!r}: "
+                                "pass the gateway's --model")
+    runner = JobRunner(catalog, PackStore(store_url or str(data / "store")), pool)
+    job = runner.submit(namespace, kbs, method, budget, codec)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # `ray job stop` sends SIGTERM
+        signal.signal(sig, lambda *_: runner.cancel(namespace, job.id))
+    click.echo(f"job {job.id}: {job.total} contexts of {job.kbs} → variant {job.variant} "
+               f"(catalog {catalog.path})")
+    return _follow(runner, catalog, job)
+
+
+def _follow(runner: JobRunner, catalog: Catalog, job: JobRecord) -> JobRecord:
+    """Wait for the job, printing its progress; returns its final record."""
+    done, ended = -1, False
+    while not ended:
+        ended = runner.wait(job.id, timeout=1.0)
+        rec = catalog.job(job.namespace, job.id)
+        if rec.done != done:
+            done = rec.done
+            click.echo(f"{rec.status} {rec.done}/{rec.total} contexts")
+    for f in rec.failures:
+        click.echo(f"  {f['kb']} segment {f['segment']}: {f['error']}", err=True)
+    click.echo(f"job {rec.id} {rec.status}: variant {rec.variant}, {rec.compress_s:.1f} s "
+               "compressing")
+    return rec
+
+
+if __name__ == "__main__":
+    main()
