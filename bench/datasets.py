@@ -99,15 +99,18 @@ def generated_items(task: str, suite: str, length: int, n_items: int, seed: int,
     return items
 
 
-def fact_items(length: int, n_questions: int, seed: int, tokenizer=None) -> list[QAItem]:
+def fact_items(length: int, n_questions: int, seed: int, tokenizer=None,
+               doc_tokens: int | None = None) -> list[QAItem]:
     """`n_questions` questions over prompts of `length` fact documents (kvedge.bench.tasks.
-    multidoc.fact_documents), QUESTIONS_PER_PROMPT to a prompt, the last maybe fewer."""
+    multidoc.fact_documents) of about `doc_tokens` tokens each (default the generator's
+    500), QUESTIONS_PER_PROMPT to a prompt, the last maybe fewer."""
     count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
     items = []
     for i, first in enumerate(range(0, n_questions, QUESTIONS_PER_PROMPT)):
         k = min(QUESTIONS_PER_PROMPT, n_questions - first)
         item = fact_documents(length, seed + i, questions=k,
-                              **({"count_tokens": count} if count else {}))
+                              **({"count_tokens": count} if count else {}),
+                              **({"doc_tokens": doc_tokens} if doc_tokens else {}))
         order = [d.doc_id for d in item.documents]
         items.append(QAItem(f"{item.key}/{k}", [d.text for d in item.documents],
                             list(item.questions),
@@ -116,11 +119,11 @@ def fact_items(length: int, n_questions: int, seed: int, tokenizer=None) -> list
 
 
 def load_items(task: str, suite: str, length: int, n_items: int, seed: int,
-               tokenizer=None) -> list[QAItem]:
+               tokenizer=None, doc_tokens: int | None = None) -> list[QAItem]:
     if task == "demo-kb":
         return demo_kb_items(suite, length, n_items, seed)
     if task == FACTS:
         if suite != "reuse":
             raise ValueError(f"{FACTS} prompts are for the reuse suite")
-        return fact_items(length, n_items, seed, tokenizer)
+        return fact_items(length, n_items, seed, tokenizer, doc_tokens)
     return generated_items(task, suite, length, n_items, seed, tokenizer)

@@ -48,12 +48,16 @@ class Bench:
     #                                     by phase: the edge's default
     anchored: bool = False              # packs prefilled behind the chat prefix, as the
     #                                     gateway's `anchored` ingest does (decision 9)
+    doc_tokens: int | None = None       # fact documents' length (SamKV needs ≥ 1.5K-token
+    #                                     documents); each then ingests as one segment
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
         from kvedge.edge.engine import EdgeEngine
         from kvedge.edge.strategies import get_strategy
 
+        if self.doc_tokens:  # a fact document is ±25 % of doc_tokens: one segment each
+            self.segment_tokens = max(self.segment_tokens, 2 * self.doc_tokens)
         self.prefill = PrefillEngine(self.model)
         self.engine = EdgeEngine(self.prefill.loaded)
         self.timed = get_strategy(self.breakdown) if self.breakdown else None
@@ -108,7 +112,7 @@ class Bench:
 
     def run(self, cell: Cell) -> dict:
         items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
-                           self.prefill.loaded.tokenizer)
+                           self.prefill.loaded.tokenizer, self.doc_tokens)
         ceilings = [o for item in items for o in self._ceiling(item, cell)]
         if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
             return summarize(ceilings, ceilings)  # the ceiling is its own cell

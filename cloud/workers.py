@@ -21,9 +21,11 @@ from kvedge.cloud.ingest import TextSegment, make_segments
 
 
 # SamKV's local Q cache (Eq. 1) enters the query vector as one pooled vector per head, so the
-# pack keeps the mean pre-RoPE query of the last 16 tokens: (Hq, 1, D) per layer. Keeping the
-# tokens themselves cost more than a short segment's whole KV (Hq = 3 Hkv on SmolLM2).
-QUERY_CACHE_TOKENS = 16
+# pack keeps the mean pre-RoPE query of the local region — the last 2 blocks, 128 tokens
+# (the paper's Sec. 4.1) — as (Hq, 1, D) per layer: 34.6 KB per pack on SmolLM2 whatever its
+# length (30 layers × 9 heads × 64 × fp16). Keeping the 128 queries themselves would cost
+# 4.4 MB per pack, more than a 190-token segment's whole KV (Hq = 3 Hkv on SmolLM2).
+QUERY_CACHE_TOKENS = 128
 
 
 def chat_prefix_ids(tokenizer) -> list[int]:
@@ -136,6 +138,9 @@ class PrefillEngine:
                               self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start)
 
 
+TASK_RETRIES = 3
+
+
 class PrefillPool:
     """N Ray actors running PrefillEngine; started on first use."""
 
@@ -148,7 +153,11 @@ class PrefillPool:
         import ray
 
         if self._actors is None:
-            actor = ray.remote(num_cpus=self.cpus, max_restarts=1, max_task_retries=1)(PrefillEngine)
+            # an actor killed (OOM, node loss) is restarted however often it happens in the
+            # gateway's lifetime; a task it was running is retried a few times, so one that
+            # kills every actor it runs on fails instead of looping
+            actor = ray.remote(num_cpus=self.cpus, max_restarts=-1,
+                               max_task_retries=TASK_RETRIES)(PrefillEngine)
             self._actors = [actor.remote(self.model_name, self.cpus) for _ in range(self.n)]
         return self._actors
 

@@ -137,6 +137,8 @@ class SamKV(ReuseStrategy):
     recombine: bool = option(True, help="recompute the chosen tokens (Sec. 3.3)")
     fusion: bool = option(True, help="write back by fusion (Eq. 4); false: overwrite")
     pad: bool = option(True, help="pad unkept blocks in during recombination (rule 2)")
+    score_layer: int = option(-1, -1, None, "score blocks at this layer for every layer "
+                              "(-1: each layer by its own scores, the paper's)")
 
     name = "samkv"
 
@@ -149,6 +151,9 @@ class SamKV(ReuseStrategy):
         q_hat = personalized_queries(q_que, q_loc)
         scores = [block_scores(q, summaries_of(seg), rt.group)
                   for q, seg in zip(q_hat, composed.segments)]
+        if self.score_layer >= 0:
+            layer = min(self.score_layer, rt.n_layers - 1)
+            scores = [s[layer: layer + 1].expand_as(s) for s in scores]
         kept = self.select(scores, docs, stable)                      # per doc (L, nb) bool
         chosen = self.recompute_set(rt, composed, docs, q_hat, kept, stable) \
             if self.recombine else torch.empty(0, dtype=torch.long)
