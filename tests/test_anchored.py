@@ -6,7 +6,7 @@ import torch
 from kvedge.cloud.catalog import BASE
 from kvedge.cloud.gateway import Gateway, GatewayConfig
 from kvedge.cloud.ingest import TextSegment
-from kvedge.cloud.workers import PrefillEngine, chat_prefix_ids
+from kvedge.cloud.workers import QUERY_CACHE_TOKENS, PrefillEngine, chat_prefix_ids
 from kvedge.common.pack.format import read_pack
 
 
@@ -34,7 +34,7 @@ def test_an_anchored_pack_holds_the_segments_kv_from_a_joint_prefill(engine):
         for head in range(ctx.n_kv_heads):
             assert (ctx.keys[layer][head] - joint.keys[layer][head, at]).abs().max() <= 1e-4
             assert (ctx.values[layer][head] - joint.values[layer][head, at]).abs().max() <= 1e-4
-        want_q = joint.queries[layer][:, at][:, -16:].mean(1, keepdim=True)
+        want_q = joint.queries[layer][:, at][:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True)
         assert (ctx.query_cache[layer].float() - want_q).abs().max() <= 1e-2  # fp16 side codec
 
 

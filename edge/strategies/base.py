@@ -149,29 +149,35 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
     n_prefix = composed.n_prefix
     prefix_pos = torch.arange(n_prefix)
     seq_len = seq_len or composed.question_start + reserve
+    ranks = [torch.tensor(seg.positions) for seg in composed.segments]
     layers = []
     for layer in range(rt.n_layers):
-        heads_k, heads_v, heads_pos = [], [], []
+        # per head: the pre-RoPE keys, values, composed positions and RoPE positions of the
+        # prefix and every segment, concatenated — then one rotation per layer (every head
+        # holding the same positions) or per head, not one per (head, segment)
+        heads_k, heads_v, heads_pos, heads_rope = [], [], [], []
         for head in range(rt.n_kv):
-            ks = [rt.realign(composed.prefix_keys[layer][head], prefix_pos, seq_len)]
-            vs = [composed.prefix_values[layer][head]]
-            ps = [prefix_pos]
-            for seg, off in zip(composed.segments, offsets):
+            ks, vs = [composed.prefix_keys[layer][head]], [composed.prefix_values[layer][head]]
+            ps, rope = [prefix_pos], [prefix_pos]
+            for seg, off, seg_ranks in zip(composed.segments, offsets, ranks):
                 kept = seg.kept_positions[layer][head].to(torch.long)
-                local = torch.searchsorted(torch.tensor(seg.positions), kept)  # 0-based in segment
-                rope_at = local + off if realign else local
-                ks.append(rt.realign(seg.keys[layer][head].to(rt.dtype), rope_at, seq_len))
+                local = torch.searchsorted(seg_ranks, kept)  # 0-based in the segment
+                ks.append(seg.keys[layer][head].to(rt.dtype))
                 vs.append(seg.values[layer][head].to(rt.dtype))
                 ps.append(local + off)
+                rope.append(local + off if realign else local)
             heads_k.append(torch.cat(ks))
             heads_v.append(torch.cat(vs))
             heads_pos.append(torch.cat(ps))
+            heads_rope.append(torch.cat(rope))
         full = n_prefix + composed.n_context
-        if all(p.numel() == full for p in heads_pos):
-            layers.append(DenseKV(torch.stack(heads_k), torch.stack(heads_v), heads_pos[0],
-                                  reserve))
+        if all(p.numel() == full for p in heads_pos) and \
+                all(torch.equal(r, heads_rope[0]) for r in heads_rope[1:]):
+            keys = rt.realign(torch.stack(heads_k), heads_rope[0], seq_len)
+            layers.append(DenseKV(keys, torch.stack(heads_v), heads_pos[0], reserve))
         else:
-            layers.append(RaggedKV(heads_k, heads_v, heads_pos, reserve))
+            keys = [rt.realign(k, r, seq_len) for k, r in zip(heads_k, heads_rope)]
+            layers.append(RaggedKV(keys, heads_v, heads_pos, reserve))
     segments = [(off, off + seg.n_tokens) for seg, off in zip(composed.segments, offsets)]
     return KVCache(layers, Extent([(0, n_prefix)] + segments), seq_len)
 
