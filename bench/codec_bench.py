@@ -17,6 +17,15 @@ cache, and greedy answers.
 It also calibrates CacheGen's per-layer bits for SmolLM2 (`calibrated` row: each layer's
 sensitivity measured on separate calibration questions, bits allocated to fit ≥ 6× — see
 kvedge.common.pack.calibrate) and measures the entropy-stage sub-steps before keeping them.
+
+kvtc rows encode with the model's calibrated transform (`codec_for_model`: fitted once on
+`calibrate.CALIBRATION_TEXT` and kept in <KVEDGE_HOME>/transforms), as the cloud's workers do;
+their own table splits the bytes (codes, the transform slices packs embed, steps and sinks)
+and compares zstd on the codes with the order-0 entropy of each component's symbols and, when
+the `constriction` package is installed, its range coder with one categorical model per
+component (model cost counted):
+
+    python bench/codec_bench.py -c int8+zstd -c int4+zstd -c kvtc:bits=2 --no-calibrate
 """
 from __future__ import annotations
 
@@ -31,8 +40,8 @@ import torch
 import zstandard
 
 from kvedge.common.pack.calibrate import allocate_layer_bits
-from kvedge.common.pack.codecs import (CacheGen, Codec, IntCodec, Role, Zstd, codec_names,
-                                       get_codec, parse_spec)
+from kvedge.common.pack.codecs import (CacheGen, Codec, IntCodec, Kvtc, Role, Zstd,
+                                       codec_for_model, codec_names, get_codec, parse_spec)
 from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.format import encode_pack, open_pack
 from kvedge.kernels.rope import rope_reference
@@ -129,7 +138,11 @@ def measure(spec: str, codec: Codec, ctx: KVContext, queries, inv_freq, fp16_byt
         ref = attention(queries[layer], k, v, q_pos, pos, inv_freq)
         a_err.append(rel(attention(queries[layer], dk, dv, q_pos, pos, inv_freq), ref))
     n = ctx.n_tokens
+    embedded = sum(len(pack.container.parts[f"{t}/{p}"].data) for t, e in
+                   pack.manifest.tensors.items() if t[0] in "kv" for p in e.parts
+                   if e.codec.startswith("kvtc") and p in ("basis", "mean"))
     return {"codec": spec, "kv_B_tok": kv_bytes / n, "pack_B_tok": len(data) / n,
+            "transform_B_tok": embedded / n,
             "ratio": fp16_bytes / kv_bytes, "k_err": sum(k_err) / len(k_err),
             "v_err": sum(v_err) / len(v_err), "attn_err": sum(a_err) / len(a_err),
             "attn_err_max": max(a_err), "enc_MBs": fp16_bytes / (t1 - t0) / 1e6,
@@ -269,6 +282,65 @@ def _codes(x: torch.Tensor, bits: int, per_channel: bool) -> np.ndarray:
     return unpack_codes(parts["packed"], bits, x.shape[1]).numpy()
 
 
+# ---------------------------------------------------------------------- kvtc
+def kvtc_bytes(ctx: KVContext, codec: Kvtc) -> dict:
+    """Bytes of a kvtc pack's KV by part, and three coders of its codes: zstd (what the codec
+    stores), the order-0 entropy of each component's symbols (what any coder with one
+    adaptive model per component approaches), and constriction's range coder with one
+    categorical model per component, the model's counts costed at 2 bytes per used symbol."""
+    out = dict.fromkeys(("codes", "transform", "steps+sinks", "entropy", "constriction"), 0.0)
+    for layer in range(ctx.n_layers):
+        for kind, heads in (("key", ctx.keys[layer]), ("value", ctx.values[layer])):
+            for head, x in enumerate(heads):
+                role = Role(kind, layer, ctx.n_layers, ctx.ranks(layer, head), ctx.n_tokens, head)
+                parts, params = codec.encode(x, role)
+                size = {k: v.numel() * v.element_size() for k, v in parts.items()}
+                out["codes"] += size["codes"]
+                out["transform"] += size.get("basis", 0) + size.get("mean", 0)
+                out["steps+sinks"] += size["step"] + size["sink"]
+                k = int((parts["step"] > 0).sum())
+                m = x.shape[0] - params["sinks"]
+                if k * m:
+                    raw = zstandard.ZstdDecompressor().decompress(parts["codes"].numpy().tobytes())
+                    symbols = np.frombuffer(raw, np.uint8).reshape(k, m)
+                    out["entropy"] += sum(_entropy_bits(row) for row in symbols) / 8
+                    out["constriction"] += _range_coded(symbols)
+    return {key: value / ctx.n_tokens for key, value in out.items()}
+
+
+def _entropy_bits(row: np.ndarray) -> float:
+    p = np.bincount(row) / row.size
+    p = p[p > 0]
+    return float(-(p * np.log2(p)).sum() * row.size)
+
+
+def _range_coded(symbols: np.ndarray) -> float:
+    """Bytes with constriction (one categorical per component, counts sent), or nan."""
+    try:
+        import constriction
+    except ImportError:
+        return float("nan")
+    total = 0
+    for row in symbols:
+        counts = np.bincount(row).astype(np.float64)
+        model = constriction.stream.model.Categorical(counts / counts.sum(), perfect=False)
+        coder = constriction.stream.queue.RangeEncoder()
+        coder.encode(row.astype(np.int32), model)
+        total += 4 * len(coder.get_compressed()) + 2 * int((counts > 0).sum())
+    return float(total)
+
+
+def kvtc_table(rows: list[dict]) -> str:
+    lines = ["| kvtc codec | codes B/token | embedded transform B/token | steps + sinks B/token "
+             "| codes: order-0 entropy B/token | codes: constriction B/token |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["kvtc"]
+        lines.append(f"| `{r['codec']}` | {b['codes']:.0f} | {b['transform']:.0f} | "
+                     f"{b['steps+sinks']:.0f} | {b['entropy']:.0f} | {b['constriction']:.0f} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- main
 @click.command()
 @click.option("-c", "--codec", "codecs", multiple=True, help="codec spec (repeatable)")
@@ -303,8 +375,11 @@ def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, w
     rows = []
     for spec in specs:
         name, options = parse_spec(spec)
-        rows.append(measure(spec, get_codec(name, **options), ctx, queries, inv_freq, fp16_bytes))
+        codec = codec_for_model(get_codec(name, **options), rt)  # kvtc: the model's transform
+        rows.append(measure(spec, codec, ctx, queries, inv_freq, fp16_bytes))
         click.echo(format_row(rows[-1]), err=True)
+        if isinstance(getattr(codec, "inner", codec), Kvtc):
+            rows[-1]["kvtc"] = kvtc_bytes(ctx, getattr(codec, "inner", codec))
 
     preps, notes = [], []
     if items:
@@ -326,6 +401,8 @@ def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, w
         click.echo(f"{row['codec']}: KL {row['kl']:.4f} agree {row['agree']:.3f} same "
                    f"{row['same']}/{items} correct {row['correct']}/{items}", err=True)
     report = markdown(rows, items) + "\n\n" + ablation_table(substep_ablation(ctx))
+    if any("kvtc" in r for r in rows):
+        report += "\n\n" + kvtc_table([r for r in rows if "kvtc" in r])
     report += "".join(f"\n\n{note}" for note in notes)
     click.echo(report)
     if write:

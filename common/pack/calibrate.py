@@ -1,4 +1,10 @@
-"""Per-layer bit allocation for CacheGen-style codecs, from measured sensitivities. Torch-free.
+"""Calibrating codecs for a model: bit allocations, and the text kvtc calibrates on. Torch-free.
+
+Two allocators, both spending a byte budget where it removes the most damage:
+`allocate_layer_bits` (one width per layer, CacheGen) and `allocate_components` (one
+quantizer per principal component, kvtc). `CALIBRATION_TEXT` is what kvtc's transform is
+fitted on: varied prose, lists, code, tables and dialogue, written for it and used by nothing
+that is evaluated (the benchmarks' texts are generated or come from the demo KB).
 
 CacheGen (arXiv:2310.07240, Sec. 5.2) gives shallow layers more bits on the premise that
 their KV matters more. Measured on SmolLM2-135M the premise does not hold — a handful of
@@ -7,6 +13,8 @@ a per-layer sensitivity instead: how much the model's answers move when only tha
 quantized coarsely (bench/codec_bench.py measures it as teacher-forced KL).
 """
 from __future__ import annotations
+
+import numpy as np
 
 
 def allocate_layer_bits(sensitivity: list[float], sizes: dict[int, list[int]],
@@ -44,3 +52,155 @@ def allocate_layer_bits(sensitivity: list[float], sizes: dict[int, list[int]],
             return tuple(widths[lv] for lv in level)
         level[best] += 1
         total += best_extra
+
+
+def allocate_components(error: np.ndarray, rate: np.ndarray, budget: float,
+                        iterations: int = 100) -> np.ndarray:
+    """One option per component, total rate within `budget`, total error as low as possible.
+
+    error[..., o], rate[..., o]: what option o costs each component (kvtc: measured MSE and
+    code entropy of each quantizer step; option 0 drops the component: rate 0). This is the
+    paper's dynamic program solved by Lagrangian relaxation (Shoham & Gersho 1988): every
+    component takes the option minimizing error + λ·rate, each on its own, and λ is the
+    smallest (by bisection) whose total rate fits; the budget left over is then spent on the
+    components that the next smaller λ would upgrade, best error drop per rate first. It needs
+    no discretized budget and costs a few array passes, so a whole model's components are
+    allocated together. Returns the option indices, shape error.shape[:-1].
+    """
+    error, rate = np.asarray(error, np.float64), np.asarray(rate, np.float64)
+    if error.shape != rate.shape or np.any(rate[..., 0] != 0):
+        raise ValueError("error and rate must have one shape, and option 0 must cost no rate")
+
+    def choose(log_lam: float) -> np.ndarray:
+        return np.argmin(error + 10.0 ** log_lam * rate, axis=-1)
+
+    def spent(choice: np.ndarray) -> float:
+        return float(_at(rate, choice).sum())
+
+    lo, hi = -30.0, 30.0  # log10 λ: at lo nothing is dropped, at hi everything is
+    if spent(choose(lo)) <= budget:
+        return choose(lo)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if spent(choose(mid)) > budget else (lo, mid)
+    return _fill(choose(hi), choose(lo), error, rate, budget - spent(choose(hi)))
+
+
+def _at(table: np.ndarray, choice: np.ndarray) -> np.ndarray:
+    return np.take_along_axis(table, choice[..., None], -1)[..., 0]
+
+
+def _fill(low: np.ndarray, high: np.ndarray, error, rate, left: float) -> np.ndarray:
+    """Upgrade components from `low` (fits) to `high` (does not) while the budget lasts."""
+    cost = _at(rate, high) - _at(rate, low)
+    gain = _at(error, low) - _at(error, high)
+    out, cost, gain = low.reshape(-1).copy(), cost.reshape(-1), gain.reshape(-1)
+    movers = np.flatnonzero((cost > 0) & (gain > 0))
+    for i in movers[np.argsort(-gain[movers] / cost[movers], kind="stable")]:
+        if cost[i] <= left:
+            out[i] = high.reshape(-1)[i]
+            left -= cost[i]
+    return out.reshape(low.shape)
+
+CALIBRATION_TEXT = """\
+The water cycle moves water between the oceans, the air and the land. Sunlight warms the sea \
+surface, and water evaporates into vapour that rises until it cools and condenses into clouds. \
+When droplets grow heavy enough they fall as rain, snow or hail. Some of it soaks into the \
+soil and feeds groundwater; the rest runs off into streams, which carry it back to the sea.
+
+Q: How long does a water molecule stay in the atmosphere?
+A: About nine days on average, although it can stay for weeks in a dry, stable air mass.
+
+Recipe for a simple flatbread (serves 4):
+1. Mix 250 g of flour, 1 teaspoon of salt and 150 ml of warm water.
+2. Knead for 5 minutes until smooth, then rest the dough, covered, for 20 minutes.
+3. Divide into 4 balls and roll each one to about 3 mm thick.
+4. Cook in a dry, hot pan for 1-2 minutes per side, until brown spots appear.
+
+def moving_average(values, window=3):
+    \"\"\"Return the mean of each run of `window` consecutive values.\"\"\"
+    if window < 1:
+        raise ValueError("window must be positive")
+    out = []
+    for i in range(len(values) - window + 1):
+        out.append(sum(values[i:i + window]) / window)
+    return out
+
+"I told you the train leaves at 7:45," said Marta, pulling her coat from the hook. \
+"We still have twenty minutes." Her brother shrugged and kept tying his boots. "Twenty \
+minutes is plenty if nobody stops to buy coffee," he said, and they both laughed, because \
+everybody knew who always stopped to buy coffee.
+
+Quarterly results, in millions of euros: revenue 412.6 (up 8.3%), operating costs 301.2, \
+research 47.9, net income 52.4. The board proposed a dividend of 0.85 per share, payable on \
+14 June 2024 to shareholders of record on 31 May.
+
+In 1905 Albert Einstein published four papers that changed physics: on the photoelectric \
+effect, on Brownian motion, on special relativity, and on the equivalence of mass and \
+energy, E = mc^2. The first of them later earned him the 1921 Nobel Prize in Physics.
+
+| city      | country   | population | founded |
+|-----------|-----------|------------|---------|
+| Kraków    | Poland    | 800,653    | 1257    |
+| Porto     | Portugal  | 231,800    | 1123    |
+| Kyoto     | Japan     | 1,464,890  | 794     |
+| Montréal  | Canada    | 1,762,949  | 1642    |
+
+Dear Mr. Okafor, thank you for your letter of 3 March. We have checked your account and can \
+confirm that the duplicate payment of $129.99 was refunded on 6 March; it should appear on \
+your statement within five working days. Please reply to this message if it does not.
+
+Photosynthesis turns light, water and carbon dioxide into glucose and oxygen. In the light \
+reactions, chlorophyll absorbs photons and splits water; in the Calvin cycle, the enzyme \
+RuBisCO fixes carbon dioxide into three-carbon sugars that the plant assembles into glucose.
+
+SELECT customer_id, COUNT(*) AS orders, SUM(total) AS spent
+FROM orders
+WHERE created_at >= '2023-01-01'
+GROUP BY customer_id
+HAVING COUNT(*) > 5
+ORDER BY spent DESC
+LIMIT 20;
+
+Hiking notes, day 3: left the hut at 6:10, crossed the pass (2,614 m) at 9:40 in thin fog, \
+lunch by the lake, reached the valley at 15:20. Blister on the left heel; new socks tomorrow. \
+Saw two chamois and, briefly, what may have been a golden eagle.
+
+The French Revolution began in 1789 with the storming of the Bastille. Over the next decade \
+France abolished feudal privileges, declared the rights of man, executed its king, fought \
+wars across Europe and, in 1799, fell under the rule of Napoleon Bonaparte.
+
+User: Can you explain what a hash function is, in one paragraph?
+Assistant: A hash function maps data of any size to a fixed-size value, the hash. The same \
+input always gives the same hash, a tiny change to the input gives a very different hash, \
+and it should be infeasible to find two inputs with the same hash. Hashes are used to check \
+files for corruption, to index data in hash tables and to store passwords safely.
+
+Weather for Thursday: cloudy with sunny spells, highs of 17°C, lows of 9°C, wind from the \
+south-west at 20 km/h, a 30% chance of showers in the late afternoon. Pollen count: high.
+
+Chess opening: 1. e4 e5 2. Nf3 Nc6 3. Bb5 a6 4. Ba4 Nf6 5. O-O Be7 6. Re1 b5 7. Bb3 d6 \
+8. c3 O-O 9. h3 - the closed Ruy Lopez, one of the oldest and most studied openings.
+
+Mitochondria are the organelles where cells turn nutrients into usable energy. They carry \
+their own small circular genome, which is inherited from the mother, and they are thought \
+to descend from bacteria that were engulfed by an ancestral cell about two billion years ago.
+
+Meeting minutes, project Heron. Present: Li, Sanchez, Novak, Adeyemi. Decisions: ship \
+version 2.3 on the 18th; move the database migration to the next sprint; Novak to draft the \
+security review by Friday. Open question: do we keep supporting the old export format?
+
+A haiku: autumn moonlight - / a worm digs silently / into the chestnut.
+
+To reset the router, hold the recessed button on the back for ten seconds until the lights \
+flash orange, wait two minutes for it to restart, then connect to the network printed on the \
+label and open http://192.168.0.1 to choose a new password.
+
+Prime numbers below fifty: 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47. There \
+are fifteen of them, and their sum is 328. Every even number greater than two is believed, \
+but not proven, to be the sum of two primes.
+
+The Amazon river carries more water than any other river on Earth, about a fifth of all the \
+fresh water that flows into the oceans. Its basin covers some seven million square \
+kilometres across nine countries and holds the largest rainforest in the world.
+"""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, ModelMismatch
 
 __all__ = ["PackError", "PackCorrupt", "PackVersionError", "UnknownCodec", "InvalidCodecOption",
-           "ModelMismatch"]
+           "ModelMismatch", "TransformMissing", "TransformMismatch"]
 
 
 class PackError(KvedgeError):
@@ -55,3 +55,29 @@ class UnknownCodec(PackError, InvalidRequest):
 class InvalidCodecOption(UnknownCodec, InvalidOption):
     """A codec option that does not exist or is out of range: like an unknown name, the spec
     describes no codec this kvedge can build (caught as either)."""
+
+
+class TransformMissing(PackError):
+    """A `kvtc` pack references a calibrated transform (by its blake3) that this machine does
+    not hold. Like a pack for another model it is a setup problem, not lost data."""
+
+    status = "FAILED_PRECONDITION"
+    digest: str = ""
+
+    def __init__(self, digest: str, where: str):
+        self.digest = digest
+        super().__init__(f"kvtc transform {digest[:16]}… is not in {where}: copy the file "
+                         f"{digest}.kvtc from the cloud's transform folder there, or re-encode "
+                         "the pack with kvtc's embed=true (the transform travels inside it)")
+
+
+class TransformMismatch(PackError):
+    """A `kvtc` transform file whose bytes do not hash to its name (damaged or replaced), or
+    that does not fit the tensor it should decode."""
+
+    digest: str = ""
+
+    def __init__(self, digest: str, what: str):
+        self.digest = digest
+        super().__init__(f"kvtc transform {digest[:16]}…: {what}. Delete the file and copy it "
+                         "again from the cloud's transform folder")

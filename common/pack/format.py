@@ -66,7 +66,7 @@ def _encode_heads(ctx: KVContext, codec: Codec) -> dict:
         for kind, heads in (("k", ctx.keys[layer]), ("v", ctx.values[layer])):
             for head, x in enumerate(heads):
                 role = Role("key" if kind == "k" else "value", layer, ctx.n_layers,
-                            ctx.ranks(layer, head), ctx.n_tokens)
+                            ctx.ranks(layer, head), ctx.n_tokens, head)
                 encoded[kv_name(kind, layer, head)] = (codec, *codec.encode(x, role))
     return encoded
 

@@ -1,7 +1,8 @@
 """Codecs for pack tensors: one module per family, chosen by name from one registry.
 
 `base` (the contract, `Role`, the registries), `floats` (fp16, bf16, fp32), `kivi` (int8,
-int4, int3, int2), `cachegen`, `zstd` (the entropy stage), `specs` (`get_codec("int4+zstd")`,
+int4, int3, int2), `cachegen`, `kvtc` (transform coding with a calibrated per-head PCA),
+`zstd` (the entropy stage), `specs` (`get_codec("int4+zstd")`,
 `codec_names()`, command-line options; the registries are read from there, where every
 family has registered). Names are exported lazily, so reading `DEFAULT_CODEC` imports no
 torch (CLIs and services read it at start-up).
@@ -16,7 +17,7 @@ _EXPORTS = {
     "CODECS": "specs", "STAGES": "specs", "Codec": "base", "Role": "base", "Piece": "base",
     "Parts": "base", "FLOAT_DTYPES": "base",
     "FloatCodec": "floats", "IntCodec": "kivi", "quantized_piece": "kivi",
-    "CacheGen": "cachegen", "Zstd": "zstd",
+    "CacheGen": "cachegen", "Zstd": "zstd", "Kvtc": "kvtc", "codec_for_model": "kvtc",
     "get_codec": "specs", "codec_names": "specs", "parse_spec": "specs",
 }
 __all__ = sorted([*_EXPORTS, "DEFAULT_CODEC"])

@@ -35,7 +35,8 @@ class Role:
 
     kind: "key" (quantized per channel), "value" (per token) or "side";
     ranks (n,): each row's index among the context's tokens, n_tokens: the context length
-    (CacheGen keeps the first and last tokens of the context in full precision).
+    (CacheGen keeps the first and last tokens of the context in full precision);
+    head: the KV head (kvtc's transform is per head).
     """
 
     kind: str = "side"
@@ -43,6 +44,7 @@ class Role:
     n_layers: int = 1
     ranks: torch.Tensor | None = None
     n_tokens: int | None = None
+    head: int = 0
 
 
 class Codec:

@@ -1,21 +1,25 @@
 """Codec specs: "int4+zstd" → Zstd(Int4()). Importing this module registers every family.
 
 A spec is a base codec followed by stages joined with '+'. Options go to the base codec, as
-values or as strings (a command line's), converted and range-checked by its fields. On a
-command line a spec may carry them after a colon: "cachegen+zstd:recent=64,sinks=8".
+values or as strings (a command line's), converted and range-checked by its fields. A spec
+may carry them after a colon, "cachegen+zstd:recent=64,sinks=8" or "kvtc:bits=1.5", so one
+string travels from a command line through an upload or a job to the worker.
 """
 from __future__ import annotations
 
 import re
 
 from kvedge.common.errors import InvalidOption
-from kvedge.common.pack.codecs import cachegen, floats, kivi, zstd  # noqa: F401 - registers
+from kvedge.common.pack.codecs import cachegen, floats, kivi, kvtc, zstd  # noqa: F401 - registers
 from kvedge.common.pack.codecs.base import CODECS, STAGES, Codec
 from kvedge.common.pack.errors import InvalidCodecOption, UnknownCodec
 
 
 def get_codec(spec: str, **options) -> Codec:
-    """"int4+zstd" → Zstd(Int4(**options)). Options go to the base codec."""
+    """"int4+zstd" → Zstd(Int4(**options)). Options go to the base codec; those written in
+    the spec ("kvtc:bits=1.5") first, `options` over them."""
+    spec, written = parse_spec(spec)
+    options = {**written, **options}
     base, *stages = spec.split("+")
     bases, known_stages = sorted(CODECS), sorted(STAGES)
     if base not in bases or any(s not in known_stages for s in stages):
