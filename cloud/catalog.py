@@ -158,6 +158,15 @@ class Catalog:
                            [(kb, p, sha, size) for p, (sha, size) in sorted(files.items())])
             self._set_status(db, kb, BASE, "ingesting", "", 0, 0, now)
 
+    def fail_interrupted_ingests(self, error: str) -> int:
+        """Mark base variants still 'ingesting' as failed with `error`; returns how many. Only
+        a gateway ingests, so at its start any such variant is one whose gateway stopped
+        mid-ingest: it would otherwise read 'ingesting' forever (its packs stay unpublished)."""
+        with self._tx() as db:
+            return db.execute("UPDATE variants SET status='failed', error=?, updated=? WHERE "
+                              "variant=? AND status='ingesting'",
+                              (error, time.time(), BASE)).rowcount
+
     def set_progress(self, namespace: str, name: str, variant: str, status: str, *,
                      error: str = "", done: int = 0, total: int = 0) -> None:
         with self._tx() as db:

@@ -15,21 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.cloud.catalog import BASE, Catalog, SegmentRecord
+from kvedge.cloud.ingest import paragraphs
 from kvedge.cloud.jobs import JobRunner
 from kvedge.cloud.jobs_service import JobsService
 from kvedge.cloud.staging import Staging
 from kvedge.cloud.store import PackStore
 from kvedge.common.auth import TokenStore, check_name, write_secret
 from kvedge.common.errors import BadInput, NotFound
-from kvedge.common.kbfiles import check_path, decode_text
+from kvedge.common.kbfiles import check_count, check_path, check_size, decode_text
 from kvedge.common.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.metrics import request_log
 from kvedge.common.rpc import CHUNK, principal, rpc_errors, serve_grpc
 from kvedge.common.tls import ServerTLS
 
 log = logging.getLogger("kvedge.gateway")
+MIN_SEGMENT_TOKENS, MAX_SEGMENT_TOKENS = 16, 1 << 17  # a segment is cut to the model's context
 
 
 @dataclass
@@ -47,8 +50,9 @@ class GatewayConfig:
 
     def __post_init__(self):
         self.data_dir = Path(self.data_dir)
-        if self.segment_tokens < 16:
-            raise ValueError("segment_tokens must be at least 16")
+        if not MIN_SEGMENT_TOKENS <= self.segment_tokens <= MAX_SEGMENT_TOKENS:
+            raise ValueError(f"segment_tokens must be in [{MIN_SEGMENT_TOKENS}, "
+                             f"{MAX_SEGMENT_TOKENS}]")
         self.store_url = self.store_url or str(self.data_dir / "store")
 
 
@@ -58,6 +62,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(config.data_dir / "catalog.sqlite")
+        self.catalog.fail_interrupted_ingests("interrupted: the gateway stopped during the "
+                                              "ingest; upload again (files already sent are "
+                                              "not sent again)")
         self.store = PackStore(config.store_url)
         self.staging = Staging(config.data_dir / "staging")
         self.tokens = TokenStore(config.data_dir / "tokens.json")
@@ -65,6 +72,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         self.jobs = JobRunner(self.catalog, self.store, pool)
         self._ingests: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
+        self.bytes_served = 0  # by FetchPack, since start (cloud.metrics reports it)
 
     # ------------------------------------------------------------------ uploads
 
@@ -76,10 +84,13 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         if name is not None:
             check_name("knowledge base", name)
         who.require(namespace)
+        if log := request_log(context):  # an Upload's names come in its stream
+            log.note(namespace=namespace, kb=name)
 
     @rpc_errors
     def PlanUpload(self, request, context):
         self._authorized(context, request.namespace, request.kb)
+        check_count(len(request.files))
         needs = []
         for f in request.files:
             offset = self.staging.offset(request.namespace, f.sha256)
@@ -96,7 +107,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         header = first.header
         ns, name = header.namespace, header.kb
         self._authorized(context, ns, name)
-        files = {check_path(f.path): (f.sha256, f.size) for f in header.files}
+        check_count(len(header.files))
+        files = {check_path(f.path): (f.sha256, check_size(f.path, f.size))
+                 for f in header.files}
         if not files:
             raise BadInput("the knowledge base has no files (empty folder?)")
         sizes = {sha: size for sha, size in files.values()}
@@ -107,14 +120,30 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                 raise BadInput(f"chunk for a file not in the header: {chunk.sha256[:12]}…")
             received += self.staging.write(ns, chunk.sha256, chunk.offset, chunk.data,
                                            sizes[chunk.sha256])
+        for sha, size in sizes.items():  # an empty file arrives without a chunk
+            if size == 0 and self.staging.offset(ns, sha) is not None:
+                received += self.staging.write(ns, sha, 0, b"", 0)
         missing = [p for p, (sha, _) in files.items() if self.staging.offset(ns, sha) is not None]
         if missing:
             raise BadInput(f"upload incomplete, {len(missing)} file(s) missing (e.g. "
                            f"{missing[0]}): run the upload again to resume")
-        texts = {p: decode_text(p, self.staging.read(ns, sha)) for p, (sha, _) in files.items()}
-        self._start_ingest(ns, name, files, texts, header.options)
+        self._start_ingest(ns, name, files, self._texts(ns, files), header.options)
         return pb.UploadReply(namespace=ns, kb=name, files_received=received,
                               files_skipped=len(files) - received, status="ingesting")
+
+    def _texts(self, ns: str, files: dict[str, tuple[str, int]]) -> dict[str, str]:
+        """The staged files as text. A file that is not UTF-8 text can never be ingested: it
+        leaves staging as it is refused."""
+        texts = {}
+        for path, (sha, _) in files.items():
+            try:
+                texts[path] = decode_text(path, self.staging.read(ns, sha))
+            except BadInput:
+                self.staging.discard(ns, sha)
+                raise
+        if not any(paragraphs(text) for text in texts.values()):
+            raise BadInput("the knowledge base has no text (every file is empty)")
+        return texts
 
     def _start_ingest(self, ns, name, files, texts, options):
         with self._lock:
@@ -123,6 +152,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                 raise BadInput(f"{name!r} is still being ingested; wait for it to finish")
             whole = options.whole
             seg_tokens = options.segment_tokens or self.config.segment_tokens
+            if not MIN_SEGMENT_TOKENS <= seg_tokens <= MAX_SEGMENT_TOKENS:
+                raise BadInput(f"segment_tokens must be in [{MIN_SEGMENT_TOKENS}, "
+                               f"{MAX_SEGMENT_TOKENS}], got {seg_tokens}")
             codec = options.codec or self.config.codec
             from kvedge.common.pack.codecs import get_codec
 
@@ -160,11 +192,17 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             for pack in stored:
                 if not self.catalog.pack_namespaces(pack):
                     self.store.delete(pack)
+            err = getattr(err, "cause", None) or err  # a worker's own error, not Ray's wrapper
             try:
                 self.catalog.set_progress(ns, name, BASE, "failed",
                                           error=f"{type(err).__name__}: {err}")
             except NotFound:
                 pass
+
+    def ingesting(self) -> list[tuple[str, str]]:
+        """The KBs being ingested now, as (namespace, name)."""
+        with self._lock:
+            return [key for key, thread in self._ingests.items() if thread.is_alive()]
 
     def wait_idle(self, timeout: float | None = None) -> None:
         for thread in list(self._ingests.values()):
@@ -223,14 +261,19 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         while offset < total:
             data = self.store.read(request.pack_id, offset, CHUNK)
             yield pb.PackChunk(offset=offset, data=data, total=total)
+            with self._lock:
+                self.bytes_served += len(data)
             offset += len(data)
 
 
 def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
-          max_workers: int = 8, tls: ServerTLS | None = None, insecure: bool = False):
+          max_workers: int = 8, tls: ServerTLS | None = None, insecure: bool = False,
+          registry=None):
     """Start the gateway (over TLS when `tls` is given; plaintext off loopback only if
     `insecure`); returns (grpc server, gateway, bound port). Writes an admin token to
-    <data_dir>/admin.token on first start."""
+    <data_dir>/admin.token on first start. With `registry` (a prometheus CollectorRegistry)
+    its calls and `cloud.metrics` are recorded there."""
+    from kvedge.cloud.metrics import GatewayMetrics
     from kvedge.cloud.workers import PrefillPool
 
     gateway = Gateway(config, pool or PrefillPool(config.model, config.actors,
@@ -238,6 +281,9 @@ def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
     admin = config.data_dir / "admin.token"
     if not admin.exists():
         write_secret(admin, gateway.tokens.issue("admin", ["*"]))
+    if registry is not None:
+        registry.register(GatewayMetrics(gateway))
     server, port = serve_grpc(lambda srv: pb_grpc.add_CloudServicer_to_server(gateway, srv),
-                              address, ["kvedge.v1.Cloud"], max_workers, tls, insecure)
+                              address, ["kvedge.v1.Cloud"], max_workers, tls, insecure,
+                              registry)
     return server, gateway, port

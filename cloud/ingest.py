@@ -68,8 +68,9 @@ def make_segments(files: dict[str, str], tokenize, *, segment_tokens: int, whole
                            f"tokens > {max_tokens}; upload without --whole (RAG segments)")
         segments = [("*", text, ids)]
     else:
+        limit = min(segment_tokens, max_tokens)  # no segment beyond the model's context
         segments = [(path, body, ids) for path, text in files.items()
-                    for body, ids in segment_file(path, text, tokenize, segment_tokens)]
+                    for body, ids in segment_file(path, text, tokenize, limit)]
     segments = [(src, body if body is not None else (detokenize(ids) if detokenize else ""), ids)
                 for src, body, ids in segments if ids]
     if not segments:

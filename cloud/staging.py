@@ -51,6 +51,9 @@ class Staging:
     def read(self, namespace: str, sha: str) -> bytes:
         return self.path(namespace, sha).read_bytes()
 
+    def discard(self, namespace: str, sha: str) -> None:
+        self.path(namespace, sha).unlink(missing_ok=True)
+
 
 def _check_sha256(sha: str, data: bytes) -> None:
     if hashlib.sha256(data).hexdigest() != sha:

@@ -2,15 +2,17 @@
 
 A local directory by default; any fsspec URL (s3://, gs://, memory://, ...) needs no code
 change. Writes go to a temporary name first and are moved into place, so a reader never sees
-a partial pack under its final name.
+a partial pack under its final name; on a local disk they are fsynced too (`write_atomic`).
 """
 from __future__ import annotations
 
 import uuid
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from kvedge.common.errors import StoreError
+from kvedge.common.fsutil import write_atomic
 from kvedge.common.pack.container import PACK_ID
 
 
@@ -29,6 +31,9 @@ class PackStore:
         path = self._path(pack_id)
         if self.fs.exists(path):
             return  # content addressed: same id, same bytes
+        if isinstance(self.fs, LocalFileSystem):  # and durable: fsynced before the catalog
+            write_atomic(path, data)               # names it, so a power cut loses no pack
+            return
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         with self.fs.open(tmp, "wb") as f:

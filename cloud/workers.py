@@ -73,6 +73,7 @@ class PrefillEngine:
                anchored: bool = False) -> EncodedSegment:
         """Prefill one segment (alone from position 0, or behind the chat prefix) and encode
         its pre-RoPE KV as a pack."""
+        from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.context import KVContext
         from kvedge.common.pack.format import encode_pack
@@ -85,7 +86,7 @@ class PrefillEngine:
                                    queries=[q[:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True)
                                             for q in queries],
                                    query_tokens=1, namespace=namespace, anchor=anchor)
-        data = encode_pack(ctx, codec)
+        data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
                               self.fp16_bytes(ctx.n_tokens))
 
@@ -128,12 +129,13 @@ class PrefillEngine:
         import time
 
         from kvedge.cloud.eviction import evict_context
+        from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.format import encode_pack, read_pack
 
         start = time.perf_counter()
         ctx = evict_context(self.rt, read_pack(pack, self.loaded.fingerprint), method, budget)
-        data = encode_pack(ctx, codec)
+        data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(index, pack_id(data), data, ctx.n_tokens,
                               self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start)
 

@@ -37,6 +37,26 @@ class RequestTooLarge(KvedgeError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class Overloaded(KvedgeError):
+    """The service's request queue is full: every answer slot is busy and the queue holds as
+    many waiting requests as it may. Retry later with backoff, or spread load over more edges."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(KvedgeError):
+    """A request's deadline passed before its answer was complete: it was dropped. Ask with a
+    longer timeout, a smaller max_new_tokens, or when the service is less busy."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(KvedgeError):
+    """The client went away (or the service is stopping): the request's work was stopped."""
+
+    status = "CANCELLED"
+
+
 class UnknownModel(InvalidRequest):
     """A model name is neither registered nor a local Hugging Face folder."""
 

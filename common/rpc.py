@@ -161,15 +161,22 @@ def read_token(explicit: str | None, default_file: Path) -> str | None:
 
 
 def serve_grpc(add_servicers, address: str, services: list[str], max_workers: int = 8,
-               tls: ServerTLS | None = None, insecure: bool = False):
+               tls: ServerTLS | None = None, insecure: bool = False, registry=None):
     """Start a gRPC server: `add_servicers(server)` registers the services, standard health
     checking reports `services` SERVING. Over TLS when `tls` is given; plaintext on a
-    non-loopback address only if `insecure` (else InsecureListen). Returns (server, bound
-    port); OSError if it can't bind. The gateway and the edge daemon both start this way."""
+    non-loopback address only if `insecure` (else InsecureListen). Every call gets a request
+    id and a log line (`metrics.RequestInterceptor`), and is counted in `registry` (a
+    prometheus CollectorRegistry) when given. Returns (server, bound port); OSError if it
+    can't bind. The gateway and the edge daemon both start this way."""
     from concurrent import futures
 
+    from kvedge.common.metrics import RequestInterceptor, RequestMetrics
+
     check_listen(address, tls, insecure)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
+    metrics = RequestMetrics(registry, "rpc", ("service", "method")) \
+        if registry is not None else None
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS,
+                         interceptors=[RequestInterceptor(metrics), DecodeErrors()])
     add_servicers(server)
     add_health(server, services)
     port = server.add_secure_port(address, tls.credentials()) if tls else \
@@ -178,6 +185,50 @@ def serve_grpc(add_servicers, address: str, services: list[str], max_workers: in
         raise OSError(f"could not bind {address}")
     server.start()
     return server, port
+
+
+class DecodeErrors(grpc.ServerInterceptor):
+    """Request bytes that do not decode as the method's message are the caller's error,
+    answered INVALID_ARGUMENT with a named InvalidRequest (gRPC's own answer is INTERNAL:
+    'Exception deserializing request!')."""
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse = handler.request_deserializer
+
+        def lenient(data):
+            try:
+                return parse(data)
+            except Exception as err:  # noqa: BLE001 - whatever the bytes break, it is theirs
+                return _Undecodable(err)
+
+        kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+                    if getattr(handler, k) is not None)
+        return handler._replace(request_deserializer=lenient, **{
+            kind: _refusing(getattr(handler, kind), handler.request_streaming)})
+
+
+class _Undecodable:
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _refuse_undecodable(request, context):
+    if isinstance(request, _Undecodable):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "InvalidRequest: the request is not "
+                      f"a message of this method ({type(request.error).__name__}); send it "
+                      "with a client built from kvedge.proto")
+    return request
+
+
+def _refusing(behavior, request_streaming: bool):
+    """`behavior`, with an undecodable request (or one in a request stream) refused."""
+    if request_streaming:
+        return lambda requests, context: behavior(
+            (_refuse_undecodable(r, context) for r in requests), context)
+    return lambda request, context: behavior(_refuse_undecodable(request, context), context)
 
 
 def add_health(server: grpc.Server, services: list[str]):

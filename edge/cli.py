@@ -67,12 +67,19 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="default reuse strategy")
 @click.option("--top-k", default=3, show_default=True)
 @click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--max-batch", type=click.IntRange(1), default=16, show_default=True,
+              help="answers decoded together (continuous batching)")
+@click.option("--max-queue", type=click.IntRange(0), default=64, show_default=True,
+              help="asks waiting beyond the batch; more are refused RESOURCE_EXHAUSTED")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", default=0, help="pack cache budget (0 = unbounded); served KBs "
               "are pinned")
 @click.option("--http", "http_address", default=None, metavar="HOST:PORT",
               help="also serve the OpenAI-compatible API (/v1/models, /v1/chat/completions) "
               "here; same tokens and TLS as gRPC [default: off]")
+@click.option("--metrics", "metrics_address", default=None, metavar="HOST:PORT",
+              help="serve Prometheus metrics at HOST:PORT/metrics, same TLS as gRPC, no token "
+              "(--http serves them at /metrics too) [default: off]")
 @server_options
 @ca_option("--cloud-tls-ca", what="the gateway")
 @click.option("--cloud-tls-cert", type=click.Path(dir_okay=False), default=None,
@@ -80,9 +87,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--cloud-tls-key", type=click.Path(dir_okay=False), default=None,
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, strategy, top_k,
-              max_new_tokens, sync_interval, cache_bytes, http_address, tls_mode, tls_cert,
-              tls_key, tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert,
-              cloud_tls_key):
+              max_new_tokens, max_batch, max_queue, sync_interval, cache_bytes, http_address,
+              metrics_address, tls_mode, tls_cert, tls_key, tls_hosts, tls_client_ca, insecure,
+              cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
     """Sync the given KBs' packs from the cloud and answer questions about them (blocks;
     Ctrl-C or SIGTERM stops it gracefully and exits 0)."""
     import logging
@@ -90,10 +97,12 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
 
     from kvedge.common.cli import home_path
     from kvedge.common.cloud_client import CloudClient
+    from kvedge.common.metrics import MetricsServer, daemon_registry
     from kvedge.common.models import load_model
     from kvedge.common.rpc import StopSignal, read_token, run_until_signal
     from kvedge.common.tls import check_listen, client_tls, describe, server_tls
     from kvedge.edge.engine import EdgeEngine
+    from kvedge.edge.metrics import EdgeMetrics
     from kvedge.edge.packcache import PackCache
     from kvedge.edge.server import serve
     from kvedge.edge.sync import Syncer, Target
@@ -104,6 +113,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     check_listen(address, tls, insecure)  # before the model loads: a refusal costs nothing
     if http_address:
         check_listen(http_address, tls, insecure)
+    if metrics_address:
+        MetricsServer.check(metrics_address, tls, insecure)
     stop = StopSignal()  # from here a SIGTERM, even during start-up, ends in a clean stop
     targets = [Target.parse(spec) for spec in kbs]
     loaded = load_model(model_name)
@@ -111,20 +122,26 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")),
                         client_tls(cloud_tls_ca, cloud_tls_cert, cloud_tls_key))
     syncer = Syncer(cloud, cache, state, targets, loaded.tokenizer.decode)
-    engine = EdgeEngine(loaded, cache, state)
+    engine = EdgeEngine(loaded, cache, state, max_batch=max_batch, max_queue=max_queue)
+    metrics = EdgeMetrics(daemon_registry(), cache, syncer)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
-                         default_strategy=strategy, top_k=top_k, max_new_tokens=max_new_tokens)
+                         metrics=metrics, default_strategy=strategy, top_k=top_k,
+                         max_new_tokens=max_new_tokens)
     click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
                f"{[t.key for t in targets]} from {cloud_address}; token in {state / 'edge.token'}",
                err=True)
-    stops = [syncer.stop, cloud.close]
+    stops = [engine.close, syncer.stop, cloud.close]  # engine: the scheduler thread ends
     if http_address:
         from kvedge.edge.http_api import serve_http
 
         http = serve_http(engine, state, targets, http_address, tls=tls, strategy=strategy,
-                          top_k=top_k, max_new_tokens=max_new_tokens)
+                          top_k=top_k, max_new_tokens=max_new_tokens, metrics=metrics)
         click.echo(f"OpenAI-compatible API on {http.url}", err=True)
         stops.insert(0, http.stop)
+    if metrics_address:
+        scrape = MetricsServer(metrics_address, metrics.registry, tls, insecure)
+        click.echo(f"metrics on {scrape.url}", err=True)
+        stops.insert(0, scrape.stop)
     run_until_signal(server, stop, on_stop=stops)
     click.echo("edge stopped", err=True)
 

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.common.fsutil import PartFile
 from kvedge.common.pack.container import PACK_ID
 from kvedge.common.pack.container import pack_id as content_id
-from kvedge.common.pack.errors import PackCorrupt
+from kvedge.common.pack.errors import PackCorrupt, PackError
 from kvedge.common.pack.format import open_pack
+
+
+@dataclass
+class CacheStats:
+    """What the cache did, as plain counts (edge.metrics reports them)."""
+
+    hits: int = 0              # loads answered from a pack decoded in memory
+    misses: int = 0            # loads that read and decoded a pack from disk
+    memory_evictions: int = 0  # decoded packs dropped from the in-memory LRU
+    disk_evictions: int = 0    # pack files deleted to stay within the byte budget
 
 
 class PackCache:
@@ -30,6 +41,7 @@ class PackCache:
         self.pinned: set[str] = set()
         self._decoded: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()
+        self.stats = CacheStats()
 
     def path(self, pack_id: str, partial: bool = False) -> Path:
         if not PACK_ID.match(pack_id):
@@ -68,23 +80,31 @@ class PackCache:
     def load(self, pack_id: str):
         """The decoded KVContext of a cached pack (checksums verified on every decode).
 
-        A pack damaged on disk since it was verified is deleted before PackCorrupt is raised,
-        so the next sync fetches it again instead of every answer failing on it forever."""
+        A pack damaged on disk since it was verified (or gone) raises PackCorrupt, whatever
+        the damage, and is deleted first, so the next sync fetches it again instead of every
+        answer failing on it forever."""
         from kvedge.common.pack.format import read_pack
 
         with self._lock:
             if pack_id in self._decoded:
                 self._decoded.move_to_end(pack_id)
+                self.stats.hits += 1
                 return self._decoded[pack_id]
+            self.stats.misses += 1
         try:
             ctx = read_pack(self.path(pack_id), self.fingerprint)
-        except PackCorrupt:
+        except FileNotFoundError:
+            raise PackCorrupt("the cached file is gone") from None
+        except PackError as err:  # it read when committed: any failure now is damage
             self.path(pack_id).unlink(missing_ok=True)
-            raise
+            if isinstance(err, PackCorrupt):
+                raise
+            raise PackCorrupt(f"the cached copy no longer reads ({type(err).__name__})") from err
         with self._lock:
             self._decoded[pack_id] = ctx
             while len(self._decoded) > self.memory_entries:
                 self._decoded.popitem(last=False)
+                self.stats.memory_evictions += 1
         return ctx
 
     def size(self, pack_id: str) -> int:
@@ -106,4 +126,5 @@ class PackCache:
                 dropped.append(p.stem)
                 with self._lock:
                     self._decoded.pop(p.stem, None)
+                    self.stats.disk_evictions += 1
         return dropped

@@ -57,6 +57,7 @@ class Syncer:
         self.targets = targets
         self.detokenize = detokenize
         self.last_error: str | None = None
+        self.fetched_bytes = self.fetched_packs = 0  # since start (edge.metrics reports them)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -116,9 +117,11 @@ class Syncer:
         offset = self.cache.held(pack_id)
         for chunk in self.client.fetch_pack(namespace, pack_id, offset):
             self.cache.append(pack_id, chunk.offset, chunk.data)
+            self.fetched_bytes += len(chunk.data)
             if self._stop.is_set():  # stopping: keep what arrived, resume it next start
                 raise SyncStopped(f"stopped while fetching {pack_id[:16]}…")
         self.cache.commit(pack_id)
+        self.fetched_packs += 1
 
     def local(self, target: Target) -> dict | None:
         path = manifest_path(self.state_dir, target)

@@ -95,7 +95,7 @@ def test_cells_and_overrides():
     assert {c.length for c in full if c.task != "demo-kb"} == {1024, 2048}
     assert len(full) == len(set(full))
     for bad in ({"tasks": ["niah_single"]}, {"methods": ["kvpress-h2o"]},
-                {"strategies": ["samkv"]}):
+                {"strategies": ["no-such-strategy"]}):
         with pytest.raises(click.BadParameter, match="unknown"):
             apply_overrides(p, **bad)
 

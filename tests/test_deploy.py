@@ -158,6 +158,17 @@ def check_env(env: dict[str, str], parsed: Parsed) -> None:
     assert not unknown, f"{parsed.name}: no option reads {sorted(unknown)}"
 
 
+def scrape_port(template: dict, parsed: Parsed) -> int:
+    """The port a pod template's Prometheus annotations send the scraper to, checked against
+    the daemon's --metrics (https when the daemon has TLS)."""
+    notes = template["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics"
+    tls = parsed.params.get("tls_cert") or parsed.params.get("tls_mode") == "auto"
+    assert notes["prometheus.io/scheme"] == ("https" if tls else "http")
+    assert int(notes["prometheus.io/port"]) == parsed.port("metrics_address")
+    return int(notes["prometheus.io/port"])
+
+
 def health_port(env: dict[str, str]) -> int:
     assert "KVEDGE_HEALTH_ADDRESS" in env, "the health check needs the daemon's address"
     return port_of(env["KVEDGE_HEALTH_ADDRESS"])
@@ -241,7 +252,7 @@ def test_dockerfile_builds_from_repo_files_and_runs_real_commands(name):
     assert health_port(env) == gateway  # an edge container overrides it
     assert parse(json_or_shell(dict(steps)["CMD"])).name == "kvctl"
     exposed = {int(p) for k, a in steps if k == "EXPOSE" for p in a.split()}
-    assert {gateway, edge, 8000} <= exposed
+    assert {gateway, edge, 8000, 9090} <= exposed  # 9090: the manifests' --metrics
 
 
 def test_cpu_and_cuda_images_differ_only_in_torch():
@@ -268,9 +279,11 @@ def test_compose_services_match_the_cli(tmp_path):
     roles = [("gateway", gw, ["address"]), ("edge", edge, ["address", "http_address"])]
     for name, parsed, listens in roles:
         service = services[name]
-        check_tls(parsed, *listens)
+        check_tls(parsed, *listens, "metrics_address")
         published = {int(str(p).rsplit(":", 1)[1]) for p in service["ports"]}
         assert published == {parsed.port(p) for p in listens}, name
+        exposed = {int(p) for p in service["expose"]}  # to the compose network only
+        assert exposed == {parsed.port("metrics_address")}, name
         assert health_port(service["environment"]) == parsed.port()
         build = service["build"]
         assert (DEPLOY / build["context"] / build["dockerfile"]).is_file()
@@ -362,8 +375,10 @@ def test_raycluster_head_runs_the_gateway_and_workers_the_actors():
     assert spec["rayVersion"] == ray_pin() and spec["authOptions"]["mode"] == "token"
     assert cluster["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
     assert "${KUBERAY_GEN_RAY_START_CMD/--block/}" in head["args"][0]  # then the gateway blocks
-    check_tls(gw, "address")
+    check_tls(gw, "address", "metrics_address")
     check_env(container_env(head), gw)
+    template = spec["headGroupSpec"]["template"]
+    assert container_port(head, "metrics") == scrape_port(template, gw)
     assert container_port(head, "grpc") == gw.port() == probe_port(head, "readinessProbe")
     assert service["spec"]["selector"] == {"ray.io/cluster": cluster["metadata"]["name"],
                                            "ray.io/node-type": "head"}
@@ -418,7 +433,9 @@ def test_edge_deployment_reaches_the_gateway_service_and_keeps_its_cache():
     edge = parse(container["command"], env)
     assert edge.name == "kvedge serve"
     check_env(env, edge)
-    check_tls(edge, "address", "http_address")
+    check_tls(edge, "address", "http_address", "metrics_address")
+    assert container_port(container, "metrics") == scrape_port(deployment["spec"]["template"],
+                                                                edge)
     _, gw_service, _, gw = raycluster()
     assert host_of(edge.params["cloud_address"]) == gw_service["metadata"]["name"]
     assert edge.port("cloud_address") == gw_service["spec"]["ports"][0]["port"] == gw.port()
@@ -490,7 +507,7 @@ def test_systemd_unit_parses_is_hardened_and_runs_kvedge_serve():
     edge = parse(argv, env)
     assert edge.name == "kvedge serve" and edge.params["kbs"]
     check_env(env, edge)
-    check_tls(edge, "address", "http_address")
+    check_tls(edge, "address", "http_address", "metrics_address")
     assert edge.params["state_dir"].startswith(f"/var/lib/{service['StateDirectory']}")
 
 

@@ -30,10 +30,13 @@ def cloud_group():
               help="prefill each segment behind the chat prefix (kept out of the pack) or alone")
 @click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
 @click.option("--cpus-per-actor", default=None, type=int, help="[default: all CPUs / actors]")
+@click.option("--metrics", "metrics_address", default=None, metavar="HOST:PORT",
+              help="serve Prometheus metrics at HOST:PORT/metrics, same TLS as gRPC, no token "
+              "[default: off]")
 @server_options
 def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec,
-             anchored, actors, cpus_per_actor, tls_mode, tls_cert, tls_key, tls_hosts,
-             tls_client_ca, insecure):
+             anchored, actors, cpus_per_actor, metrics_address, tls_mode, tls_cert, tls_key,
+             tls_hosts, tls_client_ca, insecure):
     """Start the gateway (blocks; Ctrl-C or SIGTERM stops it gracefully, and the Ray it
     started, and exits 0)."""
     import logging
@@ -44,6 +47,7 @@ def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_toke
 
     from kvedge.cloud.gateway import GatewayConfig, serve
     from kvedge.cloud.workers import start_ray
+    from kvedge.common.metrics import MetricsServer, daemon_registry
     from kvedge.common.rpc import StopSignal, run_until_signal
     from kvedge.common.tls import check_listen, describe, server_tls
 
@@ -55,14 +59,22 @@ def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_toke
     tls = server_tls(config.data_dir, address, tls_mode, tls_cert, tls_key, tls_client_ca,
                      tls_hosts)
     check_listen(address, tls, insecure)  # before Ray starts: a refusal costs nothing
+    if metrics_address:
+        MetricsServer.check(metrics_address, tls, insecure)
     stop = StopSignal()  # from here a SIGTERM, even during start-up, ends in a clean stop
     start_ray(ray_address, num_cpus=None if ray_address else max(os.cpu_count() or 1, cpus))
     stop.listen()  # ray.init replaced the handlers
-    server, gateway, port = serve(config, address, tls=tls, insecure=insecure)
+    registry = daemon_registry()
+    server, gateway, port = serve(config, address, tls=tls, insecure=insecure, registry=registry)
     host, data = address.rsplit(":", 1)[0], config.data_dir
     click.echo(f"gateway listening on {host}:{port} ({describe(tls)}; data {data}, store "
                f"{config.store_url}); admin token in {data / 'admin.token'}", err=True)
-    run_until_signal(server, stop, on_stop=[ray.shutdown])
+    stops = [ray.shutdown]
+    if metrics_address:
+        scrape = MetricsServer(metrics_address, registry, tls, insecure)
+        click.echo(f"metrics on {scrape.url}", err=True)
+        stops.insert(0, scrape.stop)
+    run_until_signal(server, stop, on_stop=stops)
     click.echo("gateway stopped", err=True)
 
 

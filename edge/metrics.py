@@ -1,0 +1,98 @@
+"""The edge daemon's metrics (docs/metrics.md).
+
+Answers are observed by wrapping the engine's event stream (`EdgeMetrics.answers`), so gRPC
+Ask and the OpenAI-compatible API count alike and the engine knows nothing of metrics; the
+syncer's and the pack cache's counts are plain numbers they keep, read when scraped.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+from kvedge.common.metrics import RequestLog, RequestMetrics
+from kvedge.edge.engine import AskResult
+
+TTFT_BUCKETS = (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
+TPOT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5)
+
+
+class EdgeMetrics:
+    """The edge's answer metrics in `registry` (none given: a private one nobody scrapes), and
+    the sync and pack-cache counts of `syncer` and `cache` when given."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, cache=None, syncer=None):
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.http = RequestMetrics(r, "http", ("method", "route"))
+        self.ttft = Histogram("kvedge_edge_ttft_seconds", "time to the first answer token "
+                              "(retrieval, pack loading and waiting for the model included)",
+                              ["strategy"], buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("kvedge_edge_tpot_seconds", "an answer's mean time per output "
+                              "token after the first", ["strategy"], buckets=TPOT_BUCKETS,
+                              registry=r)
+        self.finished = Counter("kvedge_edge_answers", "answers finished, by strategy and "
+                                "finish reason", ["strategy", "finish_reason"], registry=r)
+        self.tokens = Counter("kvedge_edge_answer_tokens", "answer tokens generated",
+                              ["strategy"], registry=r)
+        self.in_flight = Gauge("kvedge_edge_asks_in_flight", "answers started, not yet ended",
+                               registry=r)
+        self.waiting = Gauge("kvedge_edge_asks_waiting", "answers before their first token: "
+                             "queued for the model, or retrieving and prefilling", registry=r)
+        if cache is not None or syncer is not None:
+            r.register(_Counts(cache, syncer))
+
+    def answers(self, events: Iterator, log: RequestLog | None = None) -> Iterator:
+        """`events` (an engine.ask stream) passed through, observed: the in-flight and waiting
+        gauges while it runs, the final AskResult into the histograms and counters and onto
+        the request's log line."""
+        self.in_flight.inc()
+        self.waiting.inc()
+        waiting = True
+        try:
+            for event in events:
+                if waiting:
+                    self.waiting.dec()
+                    waiting = False
+                if isinstance(event, AskResult):
+                    self.observe(event, log)
+                yield event
+        finally:  # ended, failed, or closed by a client that went away
+            if waiting:
+                self.waiting.dec()
+            self.in_flight.dec()
+
+    def observe(self, done: AskResult, log: RequestLog | None = None) -> None:
+        self.ttft.labels(done.strategy).observe(done.ttft_s)
+        if done.tokens > 1:
+            self.tpot.labels(done.strategy).observe(done.tpot_s)
+        self.finished.labels(done.strategy, done.finish_reason).inc()
+        self.tokens.labels(done.strategy).inc(done.tokens)
+        if log is not None:
+            log.note(strategy=done.strategy, ttft_s=done.ttft_s, tokens=done.tokens)
+
+
+class _Counts:
+    """A collector reading the syncer's and the pack cache's counters when scraped."""
+
+    def __init__(self, cache, syncer):
+        self.cache, self.syncer = cache, syncer
+
+    def collect(self):
+        if self.syncer is not None:
+            yield CounterMetricFamily("kvedge_edge_sync_fetched_bytes", "pack bytes fetched "
+                                      "from the cloud", value=self.syncer.fetched_bytes)
+            yield CounterMetricFamily("kvedge_edge_sync_fetched_packs", "packs fetched from the "
+                                      "cloud and verified", value=self.syncer.fetched_packs)
+        if self.cache is not None:
+            stats = self.cache.stats
+            yield CounterMetricFamily("kvedge_edge_pack_cache_hits", "pack loads answered from "
+                                      "packs decoded in memory", value=stats.hits)
+            yield CounterMetricFamily("kvedge_edge_pack_cache_misses", "pack loads that read "
+                                      "and decoded a pack from disk", value=stats.misses)
+            evicted = CounterMetricFamily("kvedge_edge_pack_cache_evictions", "packs dropped: "
+                                          "decoded ones from memory (LRU), files from disk "
+                                          "(over --cache-bytes)", labels=["tier"])
+            evicted.add_metric(["memory"], stats.memory_evictions)
+            evicted.add_metric(["disk"], stats.disk_evictions)
+            yield evicted
