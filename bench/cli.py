@@ -231,7 +231,11 @@ def bench():
 @click.option("--anchored", is_flag=True,
               help="reuse packs prefilled behind the chat prefix (`kvctl cloud up --anchored`); "
               "cells do not record it: give such a run its own --out")
-def run_cmd(preset_name, quick, model, out_dir, codec, breakdown, anchored, **overrides):
+@click.option("--doc-tokens", type=click.IntRange(50), default=None,
+              help=f"{FACTS} documents of about this many tokens, one pack each (SamKV's "
+              "suite: 1500); cells do not record it: give such a run its own --out")
+def run_cmd(preset_name, quick, model, out_dir, codec, breakdown, anchored, doc_tokens,
+            **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md."""
     from tqdm import tqdm
 
@@ -244,7 +248,7 @@ def run_cmd(preset_name, quick, model, out_dir, codec, breakdown, anchored, **ov
     out = Path(out_dir)
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
-                   anchored=anchored)
+                   anchored=anchored, doc_tokens=doc_tokens)
     rows = run_grid(p, results, runner.run, codec=codec,
                     progress=lambda cells: tqdm(cells, desc="cells"))
     click.echo(f"{len(rows)} new cells → {results}")
@@ -268,3 +272,37 @@ def report_cmd(out_dir):
 
     click.echo(write_report(Path(out_dir) / "results.jsonl", Path(out_dir)))
 
+
+@bench.command("load")
+@click.option("--model", default=None, help=f"[default: {DEFAULT_MODEL}]")
+@click.option("--clients", callback=_csv(int), default="1,4,16", show_default=True,
+              help="concurrent clients, one round each (the first is the baseline)")
+@click.option("--questions", "per_client", type=click.IntRange(1), default=4,
+              show_default=True, help="questions each client asks, one after another")
+@click.option("--strategy", default="", help="reuse strategy [default: the edge's, a3]")
+@click.option("--top-k", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1), default=48, show_default=True)
+@click.option("--kb", "kb_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="folder of .md/.txt files and bench_questions.json or questions.json "
+              "[default: the demo KB]")
+@click.option("--work", type=click.Path(file_okay=False), default=None,
+              help="keep the edge's state and log here (a later run reuses the synced KB) "
+              "[default: a temporary folder]")
+@click.option("--steps", is_flag=True,
+              help="then time one decode step alone and batched, in this process")
+def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir, work, steps):
+    """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
+    one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
+    from kvedge.bench.load import decode_costs, questions_in, run_load, table
+    from kvedge.cloud.demo import DEMO_KB
+
+    folder = Path(kb_dir) if kb_dir else DEMO_KB
+    model = model or DEFAULT_MODEL
+    rounds = run_load(model, folder, questions_in(folder), clients, per_client,
+                      echo=click.echo, work=work, strategy=strategy, top_k=top_k,
+                      max_new_tokens=max_new_tokens)
+    click.echo(table(rounds))
+    if steps:
+        costs = decode_costs(model)
+        click.echo("decode step, 560-token caches: " + ", ".join(
+            f"{name} {seconds * 1e3:.0f} ms" for name, seconds in costs.items()))

@@ -46,6 +46,52 @@ class Sampler:
 GREEDY = Sampler()
 
 
+class Decoding:
+    """One request's decoding state between forwards: its cache and one RoPE length, its
+    sampler with its own generator (a seed stays the request's however requests are batched),
+    the last token picked and its position. `generate` steps one alone;
+    `kvedge.common.batch.decode_step` steps many in one batched forward."""
+
+    def __init__(self, cache: KVCache, max_new_tokens: int, sampler: Sampler, seq_len: int,
+                 last_position: int, stop_ids: tuple[int, ...] = ()):
+        self.cache, self.max_new_tokens, self.sampler = cache, max_new_tokens, sampler
+        self.seq_len, self.position, self.stop_ids = seq_len, last_position, stop_ids
+        self.gen = sampler.generator()
+        self.token: int | None = None
+        self.picked = 0
+
+    @classmethod
+    def start(cls, rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
+              max_new_tokens: int, *, sampler: Sampler = GREEDY, stop_ids: tuple[int, ...] = (),
+              active=None, observe=None, write=None, seq_len: int | None = None) -> "Decoding":
+        """Run the prompt (see `generate`) and pick the first token."""
+        seq_len = seq_len or cache.seq_len or int(positions[-1]) + 1 + max_new_tokens
+        state = cls(cache, max_new_tokens, sampler, seq_len, int(positions[-1]), stop_ids)
+        out = rt.forward(ids, positions, cache, active, observe=observe, write=write,
+                         seq_len=seq_len)
+        state.pick(out.logits[-1])
+        return state
+
+    def pick(self, logits: torch.Tensor) -> int:
+        self.token = self.sampler.pick(logits, self.gen)
+        self.picked += 1
+        return self.token
+
+    @property
+    def finished(self) -> bool:
+        """After a stop token or the last allowed one: its K/V is never needed."""
+        return self.token in self.stop_ids or self.picked == self.max_new_tokens
+
+    def next_position(self) -> int:
+        """Where the last picked token goes in the next forward."""
+        return self.position + 1
+
+    def advance(self, logits: torch.Tensor) -> int:
+        """The last token ran at `next_position()`; pick the next one from its logits (vocab,)."""
+        self.position += 1
+        return self.pick(logits)
+
+
 def generate(rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
              max_new_tokens: int, *, sampler: Sampler = GREEDY,
              stop_ids: tuple[int, ...] = (), active=None, observe=None, write=None,
@@ -58,17 +104,16 @@ def generate(rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Te
     One RoPE length for the whole request: `seq_len`, else the cache's (an assembled cache's
     keys are rotated with it), else the prompt's end + `max_new_tokens`.
     """
-    gen = sampler.generator()
-    seq_len = seq_len or cache.seq_len or int(positions[-1]) + 1 + max_new_tokens
-    out = rt.forward(ids, positions, cache, active, observe=observe, write=write, seq_len=seq_len)
-    pos = int(positions[-1])
-    for step in range(max_new_tokens):
-        token = sampler.pick(out.logits[-1], gen)
-        yield token
-        if token in stop_ids or step == max_new_tokens - 1:
-            return  # the last token's K/V is never needed: no forward for it
-        pos += 1
-        out = rt.forward(torch.tensor([token]), torch.tensor([pos]), cache, seq_len=seq_len)
+    state = Decoding.start(rt, cache, ids, positions, max_new_tokens, sampler=sampler,
+                           stop_ids=stop_ids, active=active, observe=observe, write=write,
+                           seq_len=seq_len)
+    while True:
+        yield state.token
+        if state.finished:
+            return
+        out = rt.forward(torch.tensor([state.token]), torch.tensor([state.next_position()]),
+                         cache, seq_len=state.seq_len)
+        state.advance(out.logits[-1])
 
 
 def greedy_answer(rt: Runtime, prompt_ids: list[int], max_new_tokens: int = 32,

@@ -196,27 +196,38 @@ class Runtime:
         from kvedge.kernels.rope import apply_rotary
 
         w = self.layers[i]
-        x = run.x
-        q, k, v = self.qkv(w, rms_norm(x, w.ln1, self.eps))
+        q, k, v = self.qkv(w, rms_norm(run.x, w.ln1, self.eps))
         if capture is not None:
             capture.keys.append(k)
             capture.values.append(v)
             if capture.want_queries:
                 capture.queries.append(q)
         q, k = apply_rotary(q, run.cos, run.sin), apply_rotary(k, run.cos, run.sin)
-        own = OwnKV(k, v, self._write(cache, run, k, v, store, undo, fuse))
+        private = self.write_kv(cache, run, k, v, store, undo, fuse)
+        return self.post_attention(w, run.x, self.attend(i, run.pos, q, k, v, private, cache,
+                                                         observe))
+
+    def attend(self, i: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, private: torch.Tensor | None, cache: LayerKV,
+               observe: Observer | None = None) -> torch.Tensor:
+        """Rotated q (Hq, N, D) of tokens at `pos` (N,) against layer i's cache, which already
+        holds what it stores of their rotated k, v (Hkv, N, D) → (N, Hq·D)."""
         q = q.view(self.n_kv, self.group, -1, self.head_dim)  # (Hkv, G, N, D)
         if observe is not None:
-            observe(i, q, run.pos, cache)
-        attn = cache.attend(q, run.pos, self.scale, w.window, own)  # (Hkv, G, N, D)
-        attn = attn.reshape(self.n_heads, -1, self.head_dim).transpose(0, 1).reshape(x.shape[0], -1)
+            observe(i, q, pos, cache)
+        attn = cache.attend(q, pos, self.scale, self.layers[i].window, OwnKV(k, v, private))
+        attn = attn.reshape(self.n_heads, -1, self.head_dim)  # (Hq, N, D)
+        return attn.transpose(0, 1).reshape(pos.numel(), -1)
+
+    def post_attention(self, w: LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """x (N, hidden) + o_proj(attn (N, Hq·D)), then the MLP's residual → (N, hidden)."""
         x = x + F.linear(attn, w.wo)
         h = rms_norm(x, w.ln2, self.eps)
         return x + F.linear(self.act(F.linear(h, w.w_gate)) * F.linear(h, w.w_up), w.w_down)
 
     @staticmethod
-    def _write(cache: LayerKV, run: "Tokens", k, v, store, undo: list,
-               fuse: Fuse | None = None) -> torch.Tensor | None:
+    def write_kv(cache: LayerKV, run: "Tokens", k, v, store, undo: list,
+                 fuse: Fuse | None = None) -> torch.Tensor | None:
         """Write the stored tokens' K/V (Hkv, N, D); (Hkv, N) where a head lacks a token's
         fresh K/V (None: it holds all) — those queries get it privately."""
         if store is None:

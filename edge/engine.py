@@ -10,14 +10,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
-from kvedge.common.generate import GREEDY, Sampler
+from kvedge.common.generate import GREEDY, Decoding, Sampler
 from kvedge.common.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
+from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.strategies import Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
 
@@ -58,15 +59,21 @@ class _KB:
 
 
 class EdgeEngine:
-    def __init__(self, loaded, cache=None, state_dir: Path | str | None = None):
+    """Answers questions about synced KBs. `ask` (the services) goes through the scheduler:
+    concurrent asks share decode steps, up to `max_batch` at once and `max_queue` waiting;
+    `answer` (the benchmark) runs one composed prompt alone on the caller's thread."""
+
+    def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
+                 max_batch: int = 16, max_queue: int = 64):
         from kvedge.common.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.rt = Runtime(loaded)
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
+        self.scheduler = Scheduler(self.rt, max_batch, max_queue)
         self._kbs: dict[str, _KB] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
         self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same
         prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
@@ -103,35 +110,21 @@ class EdgeEngine:
         of what it cost (times are relative to the call; plan building counts toward the
         first token)."""
         from kvedge.common.generate import generate
-        from kvedge.common.kvcache import cache_nbytes
-        from kvedge.edge.strategies.base import sequence_ratio
-        from kvedge.common.textstream import StopText, TextStream
 
         start = time.perf_counter()
         plan = strategy.plan(self.rt, composed, reserve=max_new_tokens)
-        stream, stops, times = TextStream(self.tok), StopText(stop), []
-        eos, finish = self.tok.eos_token_id, "length"
+        text = _Transcript(self.tok, stop)
         for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
-                              max_new_tokens, sampler=sampler, stop_ids=(eos,),
+                              max_new_tokens, sampler=sampler, stop_ids=(text.eos,),
                               active=plan.active, observe=plan.observe):
-            times.append(time.perf_counter())
-            if token == eos:
-                finish = "stop"
-                break
-            piece = stops.push(stream.push(token))
+            piece, done = text.push(token)
             if piece:
                 yield piece
-            if stops.hit:
-                finish = "stop"
+            if done:
                 break
-        if rest := stops.flush():
+        if rest := text.stops.flush():
             yield rest
-        yield {"answer": stops.text.strip(), "tokens": len(stream.ids), "finish_reason": finish,
-               "first_token_s": times[0] - start if times else 0.0,
-               "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
-               "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
-               "sequence_ratio": sequence_ratio(plan.cache, composed),
-               "prompt_tokens": len(composed.all_ids())}
+        yield text.costs(start, plan, composed)
 
     def check_request(self, question: str, top_k: int, max_new_tokens: int,
                       stop: Sequence[str] = ()) -> None:
@@ -165,27 +158,108 @@ class EdgeEngine:
 
     def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
             max_new_tokens: int = 48, options: Mapping[str, str] | None = None,
-            sampler: Sampler = GREEDY, stop: Sequence[str] = ()) -> Iterator[str | AskResult]:
+            sampler: Sampler = GREEDY, stop: Sequence[str] = (), deadline: float | None = None,
+            alive: Callable[[], bool] | None = None) -> Iterator[str | AskResult]:
         """Retrieve, load the packs, answer: yield answer pieces, then one AskResult.
         `options` are the strategy's (checked against its fields: InvalidOption if bad);
-        `sampler` picks each token (greedy by default); a `stop` string ends the answer."""
+        `sampler` picks each token (greedy by default); a `stop` string ends the answer.
+        Retrieval runs on the caller's thread, the model on the scheduler's (Overloaded when
+        its queue is full); past `deadline` (a time.monotonic() time) the request is dropped
+        with DeadlineExceeded, and once `alive()` is False with Cancelled."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
         self.check_request(question, top_k, max_new_tokens, stop)
-        with self._lock:  # one answer at a time: 2 cores, one model copy
-            kb = self._kb(target)
-            # the best segment goes last, next to the question: small models copy from there
-            picked = kb.index.top_k(question, top_k)[::-1]
-            metas = [kb.manifest["segments"][i] for i in picked]
-            self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
-            composed = self.compose([self.cache.load(m["pack_id"]) for m in metas], question)
-            setup = time.perf_counter() - start
-            for event in self.answer(composed, chosen, max_new_tokens, sampler=sampler,
-                                     stop=stop):
-                if isinstance(event, str):
-                    yield event
-        yield AskResult(event["answer"], setup + event["first_token_s"], event["tpot_s"],
+        metas, composed = self._retrieve(target, question, top_k, max_new_tokens)
+        job = _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
+                      deadline, alive)
+        for event in self.scheduler.submit(job).events():
+            if isinstance(event, str):
+                yield event
+        yield AskResult(event["answer"], event["first_token_s"], event["tpot_s"],
                         event["tokens"], [m["index"] for m in metas],
                         sum(m["pack_bytes"] for m in metas), sum(m["fp16_bytes"] for m in metas),
                         chosen.name, event["prompt_tokens"], event["recomputed"],
                         event["kv_bytes"], event["sequence_ratio"], event["finish_reason"])
+
+    def _retrieve(self, target: Target, question: str, top_k: int,
+                  max_new_tokens: int) -> tuple[list[dict], Composed]:
+        """The top_k segments' manifest entries and the composed prompt over their packs."""
+        with self._lock:
+            kb = self._kb(target)
+        # the best segment goes last, next to the question: small models copy from there
+        picked = kb.index.top_k(question, top_k)[::-1]
+        metas = [kb.manifest["segments"][i] for i in picked]
+        self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
+        return metas, self.compose([self.cache.load(m["pack_id"]) for m in metas], question)
+
+    def close(self) -> None:
+        """Stop the scheduler: answers in flight are cancelled."""
+        self.scheduler.close()
+
+
+class _Transcript:
+    """An answer's tokens as text: the end-of-turn token or a `stop` string (left out of the
+    text) ends it; each token's arrival is timed."""
+
+    def __init__(self, tok, stop: Sequence[str]):
+        from kvedge.common.textstream import StopText, TextStream
+
+        self.stream, self.stops, self.eos = TextStream(tok), StopText(stop), tok.eos_token_id
+        self.times: list[float] = []
+        self.finish_reason = "length"  # until the turn ends or a stop string comes
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """(the text it completes, whether the answer is over)."""
+        self.times.append(time.perf_counter())
+        if token == self.eos:
+            self.finish_reason = "stop"
+            return "", True
+        piece = self.stops.push(self.stream.push(token))
+        if self.stops.hit:
+            self.finish_reason = "stop"
+        return piece, self.stops.hit
+
+    def costs(self, start: float, plan, composed: Composed) -> dict:
+        """What the answer cost; times relative to `start`."""
+        from kvedge.common.kvcache import cache_nbytes
+        from kvedge.edge.strategies.base import sequence_ratio
+
+        times = self.times
+        return {"answer": self.stops.text.strip(), "tokens": len(self.stream.ids),
+                "finish_reason": self.finish_reason,
+                "first_token_s": times[0] - start if times else 0.0,
+                "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
+                "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
+                "sequence_ratio": sequence_ratio(plan.cache, composed),
+                "prompt_tokens": len(composed.all_ids())}
+
+
+class _Answer(Job):
+    """One ask in the scheduler: the strategy's plan and the prompt's forward when it starts,
+    then the text pieces, then the costs dict (as `EdgeEngine.answer` yields them)."""
+
+    def __init__(self, tok, composed: Composed, strategy, max_new_tokens: int, sampler: Sampler,
+                 stop: Sequence[str], start: float, deadline: float | None,
+                 alive: Callable[[], bool] | None):
+        super().__init__(deadline, alive)
+        self.composed, self.strategy, self.max_new_tokens = composed, strategy, max_new_tokens
+        self.sampler, self.started, self.plan = sampler, start, None
+        self.text = _Transcript(tok, stop)
+
+    def start(self, rt) -> Decoding:
+        plan = self.plan = self.strategy.plan(rt, self.composed, reserve=self.max_new_tokens)
+        return Decoding.start(rt, plan.cache, plan.run_ids, plan.run_positions,
+                              self.max_new_tokens, sampler=self.sampler,
+                              stop_ids=(self.text.eos,), active=plan.active,
+                              observe=plan.observe)
+
+    def on_token(self, token: int) -> bool:
+        piece, done = self.text.push(token)
+        if piece:
+            self.put(piece)
+        return done
+
+    def finish(self) -> None:
+        if rest := self.text.stops.flush():
+            self.put(rest)
+        self.put(self.text.costs(self.started, self.plan, self.composed))

@@ -15,6 +15,8 @@ Clients written for OpenAI, vLLM or SGLang talk to an edge unchanged:
 - A bearer token is a kvedge token, checked by the same TokenStore and namespace rule as gRPC.
 - Errors have OpenAI's shape `{"error": {"message", "type", "param", "code"}}`; a named kvedge
   error's HTTP status follows its gRPC status (`HTTP_STATUS`), `code` is its name.
+- `GET /metrics` (Prometheus) and `GET /health` need no token; every request gets an
+  `x-request-id` response header and one log line (`common.metrics`).
 - `usage` counts prompt and completion tokens; the extension field `kvedge` of the answer
   carries what AskResult reports (TTFT, recomputed tokens, KV bytes loaded and attended).
 """
@@ -28,20 +30,22 @@ import ssl
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from kvedge.common.auth import Principal, TokenStore
 from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, NotFound
 from kvedge.common.generate import Sampler
+from kvedge.common.metrics import RequestLog, RequestLogMiddleware, request_log
 from kvedge.edge.engine import MAX_NEW_TOKENS, MAX_TOP_K, AskResult, EdgeEngine
+from kvedge.edge.metrics import EdgeMetrics
 from kvedge.edge.strategies import UnknownStrategy
 from kvedge.edge.sync import Target, manifest_path
 
@@ -179,6 +183,7 @@ class OpenAIApi:
     strategy: str = "a3"
     top_k: int = 3
     max_new_tokens: int = 48
+    metrics: EdgeMetrics = field(default_factory=EdgeMetrics)  # the daemon's, shared with gRPC
 
     def principal(self, authorization: str | None) -> Principal:
         scheme, _, token = (authorization or "").partition(" ")
@@ -207,11 +212,14 @@ class OpenAIApi:
                                 "lists the KBs it serves")
         return target
 
-    def ask(self, req: ChatRequest, who: Principal) -> tuple[str, Iterator[str | AskResult]]:
+    def ask(self, req: ChatRequest, who: Principal,
+            log: RequestLog | None = None) -> tuple[str, Iterator[str | AskResult]]:
         """Start answering: (model id, events). The first event is taken here, so a request
         the engine refuses fails before any response byte, with its own HTTP status."""
         req.check_supported()
         target = self.resolve(req.model, who)
+        if log is not None:
+            log.note(namespace=target.namespace, kb=target.kb, variant=target.variant)
         ext = req.kvedge
         events = self.engine.ask(
             target, req.question(), strategy=ext.strategy or self.strategy,
@@ -219,6 +227,7 @@ class OpenAIApi:
             max_new_tokens=req.max_completion_tokens or req.max_tokens or self.max_new_tokens,
             options={k: str(v) for k, v in ext.options.items()}, sampler=req.sampler(),
             stop=req.stops())
+        events = self.metrics.answers(events, log)
         first = next(events)
         return target.key, _chain(first, events)
 
@@ -283,6 +292,7 @@ def _sse(obj: dict) -> str:
 
 def create_app(api: OpenAIApi) -> FastAPI:
     app = FastAPI(title="kvedge edge", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestLogMiddleware, metrics=api.metrics.http)
 
     def principal(authorization: str | None = Header(None)) -> Principal:
         return api.principal(authorization)
@@ -316,6 +326,12 @@ def create_app(api: OpenAIApi) -> FastAPI:
     def health():
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    def metrics():  # no token, like /health: no label names a namespace or a KB
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/models")
     def list_models(who: Principal = Depends(principal)):
         return api.models(who)
@@ -325,8 +341,8 @@ def create_app(api: OpenAIApi) -> FastAPI:
         return api.model_card(api.resolve(model, who))
 
     @app.post("/v1/chat/completions")
-    def chat(req: ChatRequest, who: Principal = Depends(principal)):
-        model, events = api.ask(req, who)
+    def chat(req: ChatRequest, request: Request, who: Principal = Depends(principal)):
+        model, events = api.ask(req, who, request_log(request.state))
         if not req.stream:
             return api.completion(model, events)
         usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -351,6 +367,7 @@ class HttpServer:
         self.socket = socket.create_server((host, int(port)), family=family)
         self.host, self.port = host, self.socket.getsockname()[1]
         config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=2,
+                                access_log=False,  # RequestLogMiddleware logs each request
                                 **_ssl_settings(tls))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, args=([self.socket],),
@@ -383,7 +400,9 @@ def _ssl_settings(tls) -> dict:
 def serve_http(engine: EdgeEngine, state_dir: Path | str, targets: list[Target],
                address: str = "127.0.0.1:8000", *, tls=None, **defaults) -> HttpServer:
     """Start the OpenAI-compatible API over `engine` (the one gRPC Ask uses); tokens are the
-    edge's (<state_dir>/tokens.json); `tls` (common.tls.ServerTLS, gRPC's) makes it HTTPS. `defaults`: strategy, top_k, max_new_tokens."""
+    edge's (<state_dir>/tokens.json); `tls` (common.tls.ServerTLS, gRPC's) makes it HTTPS.
+    `defaults`: strategy, top_k, max_new_tokens, metrics (the daemon's EdgeMetrics, whose
+    registry /metrics serves)."""
     api = OpenAIApi(engine, TokenStore(Path(state_dir) / "tokens.json"), list(targets),
                     **defaults)
     return HttpServer(create_app(api), address, tls)

@@ -1,0 +1,251 @@
+"""`kvctl bench load`: one edge daemon under 1, 4 and 16 concurrent gRPC clients (docs/serving.md).
+
+The KB is prefilled by the cloud's own `PrefillEngine` in this process (no gateway, no Ray)
+and written to the edge's state by the edge's real `Syncer`, through `LocalCloud` — the two
+cloud calls a sync makes, answered from memory. Then `kvedge serve` starts as its own process
+on loopback (its cloud address points nowhere: it answers from its synced cache, as it does
+when the cloud is down), and each round runs N client threads, each with its own channel,
+asking `questions` questions one after another. Reported per round: answers/s over the round's
+wall time, the client-side time to the first answer piece (p50, p99), answers lost (any
+error), and each as a ratio to the one-client round.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from kvedge.common.pack.codecs import DEFAULT_CODEC
+from kvedge.common.proto import kvedge_pb2 as pb
+
+CHUNK = 1 << 20
+
+
+class LocalCloud:
+    """The cloud side of a sync, in memory: `get_kb` and `fetch_pack` over packs the cloud's
+    PrefillEngine encoded here (what the gateway would have in its store); `evict` =
+    (method, budget) stores what a batch job would make of them instead (ragged packs)."""
+
+    def __init__(self, engine, files: dict[str, str], namespace: str, kb: str,
+                 segment_tokens: int = 256, codec: str = DEFAULT_CODEC,
+                 evict: tuple[str, float] | None = None):
+        segments = engine.segment(files, segment_tokens, whole=False)
+        encoded = [engine.encode(seg, namespace, codec) for seg in segments]
+        if evict is not None:
+            encoded = [engine.compress(e.index, e.data, *evict, codec) for e in encoded]
+        self.packs = {e.pack_id: e.data for e in encoded}
+        self.info = pb.KBInfo(
+            namespace=namespace, kb=kb, status="ready", mode="rag",
+            model_fingerprint=engine.loaded.fingerprint, n_files=len(files),
+            n_tokens=sum(e.n_tokens for e in encoded),
+            segments=[pb.SegmentInfo(index=e.index, pack_id=e.pack_id, pack_bytes=len(e.data),
+                                     n_tokens=e.n_tokens, source=s.source,
+                                     fp16_bytes=e.fp16_bytes)
+                      for s, e in zip(segments, encoded)])
+
+    def get_kb(self, namespace: str, kb: str, variant: str = "") -> pb.KBInfo:
+        return self.info
+
+    def fetch_pack(self, namespace: str, pack_id: str, offset: int = 0) -> Iterator[pb.PackChunk]:
+        data = self.packs[pack_id]
+        for at in range(offset, len(data), CHUNK):
+            yield pb.PackChunk(offset=at, data=data[at: at + CHUNK], total=len(data))
+
+
+def kb_files(folder: Path) -> dict[str, str]:
+    """The text files an upload of `folder` would send (.md, .txt), by relative path."""
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.suffix in (".md", ".txt") and p.is_file()}
+
+
+def questions_in(folder: Path) -> list[str]:
+    """The questions of a KB folder: bench_questions.json, else questions.json."""
+    import json
+
+    path = folder / "bench_questions.json"
+    path = path if path.exists() else folder / "questions.json"
+    return [q["question"] for q in json.loads(path.read_text())]
+
+
+def sync_local_kb(state: Path, model: str, folder: Path, kb: str = "load",
+                  namespace: str = "default", segment_tokens: int = 256,
+                  codec: str = DEFAULT_CODEC, evict: tuple[str, float] | None = None,
+                  engine=None):
+    """Prefill `folder` (with `engine`, a PrefillEngine of `model`, made if not given) and
+    sync it into the edge state dir `state`; returns its Target."""
+    from kvedge.cloud.workers import PrefillEngine
+    from kvedge.edge.packcache import PackCache
+    from kvedge.edge.sync import Syncer, Target
+
+    engine = engine or PrefillEngine(model)
+    cloud = LocalCloud(engine, kb_files(folder), namespace, kb, segment_tokens, codec, evict)
+    target = Target(namespace, kb)
+    cache = PackCache(state / "packs", engine.loaded.fingerprint)
+    Syncer(cloud, cache, state, [target], engine.loaded.tokenizer.decode).sync_once()
+    return target
+
+
+@dataclass
+class Round:
+    clients: int
+    wall_s: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    answers: int = 0
+    lost: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.answers / self.wall_s if self.wall_s else 0.0
+
+    def ttft(self, q: float) -> float:
+        if not self.ttfts:
+            return float("nan")
+        return statistics.quantiles(self.ttfts, n=100, method="inclusive")[round(q * 100) - 1] \
+            if len(self.ttfts) > 1 else self.ttfts[0]
+
+
+def ask_timed(client, kb: str, question: str, **ask) -> tuple[float, int]:
+    """Ask and read the whole answer: (client-side time to its first piece, its tokens)."""
+    start, first = time.perf_counter(), None
+    for event in client.ask("default", kb, question, **ask):
+        if first is None:
+            first = time.perf_counter() - start
+    return first, event.tokens
+
+
+def run_round(address: str, token: str, kb: str, questions: list[str], clients: int,
+              per_client: int, **ask) -> Round:
+    """`clients` threads, each its own channel, each asking `per_client` questions in turn."""
+    from kvedge.common.edge_client import EdgeClient
+
+    result, lock = Round(clients), threading.Lock()
+    start_line = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        with EdgeClient(address, token) as edge:
+            start_line.wait()
+            for i in range(per_client):
+                question = questions[(c * per_client + i) % len(questions)]
+                try:
+                    ttft, tokens = ask_timed(edge, kb, question, **ask)
+                except Exception as err:  # noqa: BLE001 - a lost answer is a result
+                    with lock:
+                        result.lost.append(f"{type(err).__name__}: {err}")
+                    continue
+                with lock:
+                    result.ttfts.append(ttft)
+                    result.tokens.append(tokens)
+                    result.answers += 1
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    result.wall_s = time.perf_counter() - began
+    return result
+
+
+def table(rounds: list[Round]) -> str:
+    """Markdown: one row per round, ratios to the first (one-client) round."""
+    base = rounds[0]
+    lines = ["| clients | answers | lost | tokens/answer | wall s | answers/s | × 1 client | "
+             "TTFT p50 s | × 1 client | TTFT p99 s | × 1 client |", "|---" * 11 + "|"]
+    for r in rounds:
+        mean_tokens = sum(r.tokens) / len(r.tokens) if r.tokens else 0.0
+        lines.append(f"| {r.clients} | {r.answers} | {len(r.lost)} | {mean_tokens:.1f} | "
+                     f"{r.wall_s:.1f} | "
+                     f"{r.rate:.2f} | {r.rate / base.rate:.2f} | {r.ttft(.5):.2f} | "
+                     f"{r.ttft(.5) / base.ttft(.5):.2f} | {r.ttft(.99):.2f} | "
+                     f"{r.ttft(.99) / base.ttft(.99):.2f} |")
+    return "\n".join(lines)
+
+
+def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
+                 seed: int = 0) -> dict[str, float]:
+    """Seconds per decode step in this process over random `context`-token dense caches: the
+    scheduler's batched step at each batch size, and `Runtime.forward` of one token (the
+    unbatched path, `EdgeEngine.answer`) — where the throughput of a batch comes from."""
+    import torch
+
+    from kvedge.common.batch import decode_step
+    from kvedge.common.generate import Decoding
+    from kvedge.common.models import load_model
+    from kvedge.common.runtime import Runtime
+
+    rt = Runtime(load_model(model))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, rt.config.vocab_size, (context + 1,), generator=gen)
+    pre = rt.prefill(ids[:context], logits="none")
+
+    def request() -> Decoding:
+        cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=steps + 2)
+        return Decoding.start(rt, cache, ids[context:], torch.tensor([context]), steps + 2)
+
+    def timed(step) -> float:
+        step()  # warm
+        start = time.perf_counter()
+        for _ in range(steps - 1):
+            step()
+        return (time.perf_counter() - start) / (steps - 1)
+
+    costs = {}
+    for n in batches:
+        states = [request() for _ in range(n)]
+        costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states))
+    alone = request()
+    costs["forward of 1"] = timed(lambda: alone.advance(rt.forward(
+        torch.tensor([alone.token]), torch.tensor([alone.next_position()]), alone.cache,
+        seq_len=alone.seq_len).logits[-1]))
+    return costs
+
+
+def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
+             per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
+             **ask) -> list[Round]:
+    """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon.
+    In `work` (kept, and its synced KB reused by the next run) or a temporary folder."""
+    from kvedge.cloud.demo import free_port, start, wait_for
+    from kvedge.common.edge_client import EdgeClient
+    from kvedge.common.rpc import wait_healthy
+    from kvedge.edge.sync import Target, manifest_path
+
+    root = Path(work) / Path(model).name if work else Path(tempfile.mkdtemp(prefix="kvedge-load-"))
+    state, target = root / "edge", Target("default", "load")
+    if not manifest_path(state, target).exists():
+        t0 = time.perf_counter()
+        sync_local_kb(state, model, folder, target.kb)
+        echo(f"synced {folder} ({model}) in {time.perf_counter() - t0:.0f} s")
+    address = f"127.0.0.1:{free_port()}"
+    edge = start("edge", ["serve", "--cloud", f"127.0.0.1:{free_port()}", "--kb", target.key,
+                          "--address", address, "--state", str(state), "--model", model,
+                          "--sync-interval", "3600", *serve_args],
+                 root / "edge.log", {**os.environ, "KVEDGE_HOME": str(root)})
+    try:
+        wait_for((state / "edge.token").exists, "the edge", [edge], 300)
+        wait_healthy(address, 300)
+        token = (state / "edge.token").read_text().strip()
+        with EdgeClient(address, token) as warm:  # first-use costs out of the rounds
+            for question in questions[:2]:
+                ask_timed(warm, target.kb, question, **ask)
+        rounds = []
+        for n in clients:
+            rounds.append(run_round(address, token, target.kb, questions, n, per_client, **ask))
+            r = rounds[-1]
+            echo(f"{n:3d} clients: {r.answers} answers, {len(r.lost)} lost, {r.rate:.2f}/s, "
+                 f"TTFT p50 {r.ttft(.5):.2f} s p99 {r.ttft(.99):.2f} s"
+                 + (f"; first error: {r.lost[0]}" if r.lost else ""))
+        return rounds
+    finally:
+        edge.stop()
+        if not work:
+            shutil.rmtree(root, ignore_errors=True)

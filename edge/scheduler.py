@@ -1,0 +1,241 @@
+"""Continuous batching for the edge: one thread owns the model and steps every answer in flight.
+
+Orca-style iteration-level scheduling (Yu et al., OSDI 2022): between two decode steps the
+scheduler drops what is cancelled or past its deadline, starts the waiting requests the batch
+has room for (at most `max_starts`), then runs one batched decode step
+(`kvedge.common.batch.decode_step`) for every running one.
+
+Starting a request — its strategy's plan and the forward over the prompt, up to its first
+token — runs alone: those forwards already have hundreds of rows (compute-bound on a CPU, so
+batching them would buy nothing), and each strategy's per-layer plan and observer stay as they
+are. Starts go first, as in vLLM's default schedule: a full batch makes the most of each step
+(on 2 CPU cores a step of 16 costs about what a start does, so starting one request per step
+would cap throughput at one answer per start + step); the price is that the answers already
+running pause while a burst is started (`max_starts` bounds the pause).
+
+Requests wait in a bounded queue: beyond `max_waiting` a submit raises Overloaded
+(RESOURCE_EXHAUSTED). `waiting` and `running` are the queue depth and the batch size.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterator
+
+from kvedge.common.errors import Cancelled, DeadlineExceeded, KvedgeError, Overloaded
+
+log = logging.getLogger("kvedge.scheduler")
+_END = object()
+
+
+class Job:
+    """One answer as the scheduler runs it. A subclass says how it starts and what each token
+    means; the base class is the plumbing between the scheduler thread and the caller's:
+
+    - `start(rt)`, on the scheduler thread: plan and run the prompt; returns the
+      `kvedge.common.generate.Decoding` holding the first token;
+    - `on_token(token)`, on the scheduler thread, for every token in order: `put` what the
+      caller should see; True when the answer is complete (a stop token or string);
+    - `finish()`, on the scheduler thread, once, when it is complete or out of tokens.
+
+    The caller iterates `events()`; leaving it early cancels the job. `deadline` is a
+    `time.monotonic()` time; `alive()` says whether the client is still there.
+    """
+
+    def __init__(self, deadline: float | None = None, alive: Callable[[], bool] | None = None):
+        self.deadline, self.alive = deadline, alive or (lambda: True)
+        self.decoding = None
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+
+    def start(self, rt):
+        raise NotImplementedError
+
+    def on_token(self, token: int) -> bool:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+    def put(self, event) -> None:
+        self._outbox.put(event)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """The end of the caller's stream: after `error` (raised there) or after `finish`."""
+        self._outbox.put(_END if error is None else error)
+
+    def why_dropped(self, now: float) -> KvedgeError | None:
+        if self.deadline is not None and now > self.deadline:
+            return DeadlineExceeded("the request's deadline passed before its answer was "
+                                    "complete; ask with a longer timeout or a smaller "
+                                    "max_new_tokens, or when the edge is less busy")
+        if self._cancelled.is_set() or not self.alive():
+            return Cancelled("the request was cancelled")
+        return None
+
+    def events(self) -> Iterator:
+        """What `on_token` and `finish` put, as they put it; raises the job's error."""
+        try:
+            while (item := self._outbox.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel()  # a caller that stops reading stops the work
+
+
+class Scheduler:
+    """Owns the runtime: runs `Job`s, up to `max_batch` decoding together, `max_waiting` queued."""
+
+    def __init__(self, rt, max_batch: int = 16, max_waiting: int = 64,
+                 max_starts: int | None = None):
+        if max_batch < 1 or max_waiting < 0 or (max_starts is not None and max_starts < 1):
+            raise ValueError("need max_batch ≥ 1, max_waiting ≥ 0 and max_starts ≥ 1")
+        self.rt, self.max_batch, self.max_waiting = rt, max_batch, max_waiting
+        self.max_starts = max_starts or max_batch  # starts between two decode steps
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._starting: Job | None = None  # between the queue and the batch: its prefill
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.steps = self.rows = 0  # decode steps run, and requests stepped over all of them
+
+    @property
+    def waiting(self) -> int:
+        """Requests accepted and not yet started: the queue depth."""
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Requests decoding in the batch."""
+        return len(self._running)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests held: waiting, starting (planning and prefilling) or decoding."""
+        return self.waiting + self.running + (self._starting is not None)
+
+    @property
+    def capacity(self) -> int:
+        """Requests this scheduler holds at most (not counting the one starting)."""
+        return self.max_batch + self.max_waiting
+
+    def submit(self, job: Job) -> Job:
+        """Queue `job` (Overloaded when the queue is full); the scheduler thread starts on
+        the first submit."""
+        with self._wake:
+            if self._closed:
+                raise Cancelled("the service is stopping; ask another edge or retry later")
+            if len(self._waiting) >= self.max_waiting:
+                self._drop_gone(self._waiting)  # a client that left gives its place up now
+            if len(self._waiting) >= self.max_waiting:
+                raise Overloaded(f"the edge is answering {len(self._running)} questions with "
+                                 f"{len(self._waiting)} waiting, its limit; retry later "
+                                 "(with backoff) or ask another edge")
+            self._waiting.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="scheduler",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return job
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse new jobs, cancel the ones held, and stop the thread."""
+        with self._wake:
+            self._closed = True
+            for job in [*self._waiting, *self._running]:
+                job.cancel()
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the scheduler thread
+
+    def _loop(self) -> None:
+        while self._wait_for_work():
+            for _ in range(self.max_starts):
+                if (job := self._next_start()) is None:
+                    break
+                self._start(job)
+            if self._running:
+                self._step()
+
+    def _wait_for_work(self) -> bool:
+        """Block until a job is held; False once closed and every job has left."""
+        with self._wake:
+            while not (self._waiting or self._running or self._closed):
+                self._wake.wait()
+            self._drop_gone()
+            return not self._closed or bool(self._waiting or self._running)
+
+    def _next_start(self) -> Job | None:
+        """The next waiting job, if the batch has room for it."""
+        with self._wake:
+            self._drop_gone(self._waiting)
+            if not self._waiting or len(self._running) >= self.max_batch:
+                return None
+            self._starting = self._waiting.popleft()
+            return self._starting
+
+    def _drop_gone(self, *held) -> None:
+        """Every cancelled or expired job leaves (of `held`, default all), with its error
+        (under the lock)."""
+        now = time.monotonic()
+        for jobs in held or (self._waiting, self._running):
+            for job in list(jobs):
+                error = job.why_dropped(now)
+                if error is not None:
+                    jobs.remove(job)
+                    job.close(error)
+
+    def _start(self, job: Job) -> None:
+        try:
+            job.decoding = job.start(self.rt)
+            if not self._emit(job):
+                with self._wake:
+                    self._running.append(job)
+        except Exception as err:  # noqa: BLE001 - the caller gets it; the others go on
+            job.close(err)
+        finally:
+            self._starting = None
+
+    def _step(self) -> None:
+        from kvedge.common.batch import decode_step
+
+        jobs = list(self._running)
+        self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
+        try:
+            decode_step(self.rt, [job.decoding for job in jobs])
+        except Exception as err:  # noqa: BLE001 - a broken step fails the requests in it
+            log.exception("batched decode step failed")
+            self._end(jobs, err)
+            return
+        self._end([job for job in jobs if self._emit(job)])
+
+    def _emit(self, job: Job) -> bool:
+        """Hand the job its newest token; True (and the job closed) once it is complete."""
+        try:
+            done = job.on_token(job.decoding.token) or job.decoding.finished
+            if done:
+                job.finish()
+                job.close()
+            return done
+        except Exception as err:  # noqa: BLE001 - the caller gets it
+            job.close(err)
+            return True
+
+    def _end(self, jobs: list[Job], error: BaseException | None = None) -> None:
+        with self._wake:
+            for job in jobs:
+                if job in self._running:
+                    self._running.remove(job)
+                if error is not None:
+                    job.close(error)

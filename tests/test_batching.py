@@ -1,0 +1,262 @@
+"""Continuous batching (edge/scheduler.py, common/batch.py): answers batched equal answers asked
+one at a time, token for token; the bounded queue, deadlines and cancellation, over real gRPC
+on loopback. A tiny random model keeps it fast: answers are noise, compared exactly.
+
+The KB is prefilled by the cloud's PrefillEngine and written by the edge's real Syncer
+(bench.load.LocalCloud), once dense and once evicted to ragged packs.
+"""
+import threading
+import time
+
+import grpc
+import pytest
+import torch
+
+from conftest import TINY, tiny_runtime
+from kvedge.bench.load import sync_local_kb
+from kvedge.cloud.workers import PrefillEngine
+from kvedge.common.batch import decode_logits
+from kvedge.common.errors import Cancelled, DeadlineExceeded
+from kvedge.common.generate import Decoding, Sampler
+from kvedge.common.models import load_model
+from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.rpc import channel, metadata
+from kvedge.edge.engine import AskResult, EdgeEngine
+from kvedge.edge.packcache import PackCache
+from kvedge.edge.scheduler import Job
+from kvedge.edge.server import serve
+from kvedge.edge.sync import Target
+
+MODEL = "tiny-llama"
+DOCS = {f"{name}.md": f"# {name.title()}\n\nThe {name} code is {code}.\n\n{name.title()} has "
+        f"a {thing} by the water.\n" for name, code, thing in [
+            ("alpha", 1234567, "harbour"), ("beta", 7654321, "bridge"), ("gamma", 5550123, "mill"),
+            ("delta", 9081726, "tower"), ("epsilon", 3141592, "market"), ("zeta", 2718281, "gate")]}
+QUESTIONS = [f"What is the {name} code?" for name in
+             ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "alpha bridge", "zeta mill")]
+
+
+# ---------------------------------------------------------------- the batched step
+
+
+def started(rt, n_context, ragged, seed):
+    """A request decoding over `n_context` cached tokens (dense, or ragged: head h keeps every
+    (h+1)-th position), after a 3-token question."""
+    ids = torch.randint(0, 300, (n_context + 3,), generator=torch.Generator().manual_seed(seed))
+    pre = rt.prefill(ids[:n_context])
+    everything = torch.arange(n_context)
+    if ragged:
+        keep = [[everything[::h + 1] for h in range(rt.n_kv)] for _ in range(rt.n_layers)]
+        split = [[[x[h, kept] for h, kept in enumerate(k)] for x, k in zip(xs, keep)]
+                 for xs in (pre.keys, pre.values)]
+        cache = rt.ragged_cache(*split, keep, reserve=8, extent=everything)
+    else:
+        cache = rt.dense_cache(pre.keys, pre.values, everything, reserve=8)
+    return Decoding.start(rt, cache, ids[n_context:], torch.arange(n_context, n_context + 3), 8)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_a_batched_step_equals_each_forward_alone(name):
+    """Five requests of different lengths, dense and ragged, in one step: each row equals
+    Runtime.forward of that request alone, and equals exactly its own step alone."""
+    rt = tiny_runtime(name)
+    specs = [(9, False), (23, True), (14, False), (31, True), (5, False)]
+    batch = [started(rt, n, ragged, seed) for seed, (n, ragged) in enumerate(specs)]
+    ids = torch.tensor([s.token for s in batch])
+    pos = torch.tensor([s.next_position() for s in batch])
+    together = decode_logits(rt, ids, pos, batch)
+    for i, (n, ragged) in enumerate(specs):
+        state = started(rt, n, ragged, i)
+        alone = decode_logits(rt, ids[i:i + 1], pos[i:i + 1], [state])[0]
+        assert torch.equal(alone, together[i])  # no matter what else shares the step
+        state = started(rt, n, ragged, i)
+        reference = rt.forward(ids[i:i + 1], pos[i:i + 1], state.cache, seq_len=state.seq_len)
+        torch.testing.assert_close(together[i], reference.logits[-1], atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the engine and the daemon
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kb")
+    for name, text in DOCS.items():
+        (folder / name).write_text(text)
+    state = tmp_path_factory.mktemp("edge")
+    engine = PrefillEngine(MODEL)
+    sync_local_kb(state, MODEL, folder, "facts", segment_tokens=48, engine=engine)
+    sync_local_kb(state, MODEL, folder, "evicted", segment_tokens=48, engine=engine,
+                  evict=("snapkv", 0.5))
+    return state
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(MODEL)
+
+
+def make_engine(loaded, state, **limits) -> EdgeEngine:
+    return EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state, **limits)
+
+
+@pytest.fixture(scope="module")
+def engine(loaded, state):
+    engine = make_engine(loaded, state)
+    yield engine
+    engine.close()
+
+
+def concurrently(fn, items):
+    """fn over items, each on its own thread, all released at once; results in order."""
+    results, start = [None] * len(items), threading.Barrier(len(items))
+
+    def run(i):
+        start.wait()
+        results[i] = fn(items[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def comparable(events):
+    """An answer's pieces and its result without the timings."""
+    done = events[-1]
+    assert isinstance(done, AskResult)
+    return events[:-1], {k: v for k, v in vars(done).items() if k not in ("ttft_s", "tpot_s")}
+
+
+@pytest.mark.parametrize("strategy,kb", [("a3", "facts"), ("recompute", "facts"),
+                                         ("sparsex", "facts"), ("samkv", "facts"),
+                                         ("a3", "evicted"), ("cacheblend", "evicted")])
+def test_batched_answers_equal_one_at_a_time(engine, strategy, kb):
+    def ask(question):
+        return comparable(list(engine.ask(Target("default", kb), question, strategy=strategy,
+                                          max_new_tokens=12)))
+
+    alone = [ask(q) for q in QUESTIONS]
+    steps, rows = engine.scheduler.steps, engine.scheduler.rows
+    together = concurrently(ask, QUESTIONS)
+    assert together == alone
+    assert engine.scheduler.rows - rows > engine.scheduler.steps - steps  # steps were shared
+
+
+def test_seeded_sampling_stays_per_request(engine):
+    def ask(i):
+        return comparable(list(engine.ask(Target("default", "facts"), QUESTIONS[i],
+                                          max_new_tokens=12, sampler=Sampler(1.0, seed=i))))
+
+    alone = [ask(i) for i in range(len(QUESTIONS))]
+    assert concurrently(ask, list(range(len(QUESTIONS)))) == alone
+    assert len({answer for _, answer in [(e, r["answer"]) for e, r in alone]}) > 1
+
+
+class Gate(Job):
+    """Holds the scheduler thread in `start` until opened, as a long prefill would."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.opened = threading.Event(), threading.Event()
+
+    def start(self, rt):
+        self.entered.set()
+        assert self.opened.wait(30)
+        raise RuntimeError("the gate never answers")
+
+
+def closed_gate(engine) -> Gate:
+    gate = engine.scheduler.submit(Gate())
+    assert gate.entered.wait(10)
+    return gate
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def edge(loaded, state):
+    """A real edge daemon on loopback whose scheduler runs one answer and queues one more."""
+    engine = make_engine(loaded, state, max_batch=1, max_queue=1)
+    server, port = serve(engine, state, "127.0.0.1:0")
+    ch = channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.EdgeStub(ch)
+    token = (state / "edge.token").read_text().strip()
+
+    def ask(question="What is the alpha code?", timeout=30, max_new_tokens=6):
+        request = pb.AskRequest(kb="facts", question=question, max_new_tokens=max_new_tokens)
+        return stub.Ask(request, metadata=metadata(token), timeout=timeout)
+
+    yield engine, ask
+    ch.close()
+    server.stop(0)
+    engine.close()
+
+
+def test_a_full_queue_answers_resource_exhausted(edge):
+    engine, ask = edge
+    gate = closed_gate(engine)
+    queued = ask()
+    wait_until(lambda: engine.scheduler.waiting == 1)
+    with pytest.raises(grpc.RpcError) as refused:
+        list(ask())
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.value.details().startswith("Overloaded: ")
+    gate.opened.set()
+    assert list(queued)[-1].done.tokens > 0  # the queued one is answered once there is room
+
+
+def test_a_request_past_its_deadline_is_dropped(edge):
+    engine, ask = edge
+    gate = closed_gate(engine)
+    late = ask(timeout=0.3)
+    wait_until(lambda: engine.scheduler.waiting == 1)
+    with pytest.raises(grpc.RpcError) as expired:
+        list(late)
+    assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    local = engine.ask(Target("default", "facts"), QUESTIONS[0],
+                       deadline=time.monotonic() + 0.2)
+    with pytest.raises(DeadlineExceeded):  # the engine's own report, without gRPC
+        threading.Timer(0.4, gate.opened.set).start()
+        list(local)
+    wait_until(lambda: engine.scheduler.waiting == engine.scheduler.running == 0)
+
+
+def test_a_cancelled_request_frees_its_slot(edge):
+    engine, ask = edge
+    gate = closed_gate(engine)
+    cancelled = ask()
+    wait_until(lambda: engine.scheduler.waiting == 1)
+    cancelled.cancel()
+    time.sleep(0.2)  # the server sees the cancellation
+    replacement = ask()  # takes the cancelled one's place while the scheduler is still busy
+    gate.opened.set()
+    assert list(replacement)[-1].done.tokens > 0
+    with pytest.raises(grpc.RpcError) as err:
+        list(cancelled)
+    assert err.value.code() == grpc.StatusCode.CANCELLED
+
+
+def test_cancelling_mid_answer_stops_decoding(edge):
+    engine, ask = edge
+    call = ask(max_new_tokens=1000)
+    next(call)  # the first piece: it is decoding now
+    assert engine.scheduler.running == 1
+    steps = engine.scheduler.steps
+    call.cancel()
+    wait_until(lambda: engine.scheduler.running == 0, 5)
+    assert engine.scheduler.steps - steps < 100
+
+
+def test_a_closed_scheduler_refuses_work(loaded, state):
+    engine = make_engine(loaded, state)
+    engine.close()
+    with pytest.raises(Cancelled):
+        list(engine.ask(Target("default", "facts"), QUESTIONS[0]))
