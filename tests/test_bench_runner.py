@@ -242,9 +242,9 @@ def test_settings_cross_swept_options_and_name_their_cells():
     assert settings("sparsex", [0.3], {"ratio": [0.05], "boundary": [0, 0.1]}) == [
         (0.05, "boundary=0"), (0.05, "boundary=0.1")]
     cell = Cell("reuse", "multidoc-facts", 3, "sparsex", 0.05, 100, options="boundary=0.1")
-    assert cell.key.endswith("/fp16/boundary=0.1") and cell.option_values() == {
+    assert cell.key.endswith("/int8+zstd/boundary=0.1") and cell.option_values() == {
         "boundary": "0.1"}
-    assert Cell("reuse", "t", 3, "a3", 0.15, 1).key == "reuse/t/3/a3/0.15/1/0/fp16"
+    assert Cell("reuse", "t", 3, "a3", 0.15, 1).key == "reuse/t/3/a3/0.15/1/0/int8+zstd"
     p = apply_overrides(preset("reuse", "tiny-llama"), ratios=[0.2],
                         sweeps={"sparsex": {"boundary": [0.3]}})
     assert {(c.method, c.budget, c.options) for c in p.cells()

@@ -456,8 +456,9 @@ def test_codec_job_writes_a_smaller_variant_the_edge_can_serve(client, cloud, tm
     assert states[-1] == "done" and job.variant == "none-1-int4+zstd"
     variant = client.get_kb("default", "jobbed", job.variant)
     assert variant.status == "ready" and len(variant.segments) == len(base.segments)
-    # tiny model: manifests and side tensors weigh as much as its 16-dim KV, so only ~1.4×
-    assert sum(s.pack_bytes for s in variant.segments) < 0.8 * sum(s.pack_bytes
+    # tiny model: manifests and side tensors weigh as much as its 16-dim KV, so int4+zstd is
+    # only ~1.2× below the int8+zstd base (~1.4× below fp16)
+    assert sum(s.pack_bytes for s in variant.segments) < 0.9 * sum(s.pack_bytes
                                                                    for s in base.segments)
     assert set(client.get_kb("default", "jobbed").variants) == {"", job.variant}
     assert [j.job_id for j in client.list_jobs("default")][-1] == job.job_id
@@ -474,7 +475,7 @@ def test_codec_job_writes_a_smaller_variant_the_edge_can_serve(client, cloud, tm
             assert compressed.tokens == plain.tokens == 2
             assert compressed.bytes_loaded < plain.bytes_loaded  # the int4 packs were read
             with pytest.raises(NotFound, match="no synced copy"):
-                ask("jobbed@kvzip-0.2-fp16")
+                ask("jobbed@kvzip-0.2-int8+zstd")
             with pytest.raises(InvalidName):
                 ask("jobbed@../../tokens")
     finally:
@@ -520,7 +521,8 @@ def test_contrastkv_job_writes_a_ragged_variant(client, tmp_path):
     variant = client.get_kb("default", "evicted", job.variant)
     base = client.get_kb("default", "evicted")
     assert variant.status == "ready" and job.variant == "contrastkv-0.3-int8"
-    assert sum(s.pack_bytes for s in variant.segments) < 0.6 * sum(s.pack_bytes
+    # 30 % of the KV kept, int8 without zstd, against the int8+zstd base: ~0.63 of its bytes
+    assert sum(s.pack_bytes for s in variant.segments) < 0.7 * sum(s.pack_bytes
                                                                    for s in base.segments)
 
 
