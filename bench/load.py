@@ -5,9 +5,10 @@ and written to the edge's state by the edge's real `Syncer`, through `LocalCloud
 cloud calls a sync makes, answered from memory. Then `kvedge serve` starts as its own process
 on loopback (its cloud address points nowhere: it answers from its synced cache, as it does
 when the cloud is down), and each round runs N client threads, each with its own channel,
-asking `questions` questions one after another. Reported per round: answers/s over the round's
-wall time, the client-side time to the first answer piece (p50, p99), answers lost (any
-error), and each as a ratio to the one-client round.
+asking the same `per_client` questions one after another (each client from its own starting
+point, so every round asks the same questions). Reported per round: answers/s over the
+round's wall time, the client-side time to the first answer piece (p50, p99), answers lost
+(any error), and each as a ratio to the one-client round.
 """
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def sync_local_kb(state: Path, model: str, folder: Path, kb: str = "load",
 @dataclass
 class Round:
     clients: int
+    label: str = ""  # how the row reads in the table, if not the client count
     wall_s: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -122,7 +124,9 @@ def ask_timed(client, kb: str, question: str, **ask) -> tuple[float, int]:
 
 def run_round(address: str, token: str, kb: str, questions: list[str], clients: int,
               per_client: int, **ask) -> Round:
-    """`clients` threads, each its own channel, each asking `per_client` questions in turn."""
+    """`clients` threads, each its own channel, each asking the first `per_client` questions
+    in turn from its own starting point: every round asks the same questions, so answer
+    lengths match between rounds."""
     from kvedge.common.edge_client import EdgeClient
 
     result, lock = Round(clients), threading.Lock()
@@ -132,7 +136,7 @@ def run_round(address: str, token: str, kb: str, questions: list[str], clients: 
         with EdgeClient(address, token) as edge:
             start_line.wait()
             for i in range(per_client):
-                question = questions[(c * per_client + i) % len(questions)]
+                question = questions[(c + i) % per_client % len(questions)]
                 try:
                     ttft, tokens = ask_timed(edge, kb, question, **ask)
                 except Exception as err:  # noqa: BLE001 - a lost answer is a result
@@ -162,12 +166,46 @@ def table(rounds: list[Round]) -> str:
              "TTFT p50 s | × 1 client | TTFT p99 s | × 1 client |", "|---" * 11 + "|"]
     for r in rounds:
         mean_tokens = sum(r.tokens) / len(r.tokens) if r.tokens else 0.0
-        lines.append(f"| {r.clients} | {r.answers} | {len(r.lost)} | {mean_tokens:.1f} | "
-                     f"{r.wall_s:.1f} | "
+        lines.append(f"| {r.label or r.clients} | {r.answers} | {len(r.lost)} | "
+                     f"{mean_tokens:.1f} | {r.wall_s:.1f} | "
                      f"{r.rate:.2f} | {r.rate / base.rate:.2f} | {r.ttft(.5):.2f} | "
                      f"{r.ttft(.5) / base.ttft(.5):.2f} | {r.ttft(.99):.2f} | "
                      f"{r.ttft(.99) / base.ttft(.99):.2f} |")
     return "\n".join(lines)
+
+
+def unbatched_round(state: Path, model: str, questions: list[str], per_client: int,
+                    strategy: str = "", top_k: int = 3, max_new_tokens: int = 48) -> Round:
+    """One client the way the edge answered before batching, for reference: in this process,
+    `EdgeEngine.retrieve` then `EdgeEngine.answer` (no scheduler, one token per forward) over
+    the same synced KB and questions; TTFT from retrieval to the first piece."""
+    from kvedge.common.models import load_model
+    from kvedge.edge.engine import EdgeEngine
+    from kvedge.edge.packcache import PackCache
+    from kvedge.edge.strategies import get_strategy
+    from kvedge.edge.sync import Target
+
+    loaded = load_model(model)
+    engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state)
+    chosen, target = get_strategy(strategy or "a3"), Target("default", "load")
+
+    def one(question: str) -> tuple[float, int]:
+        start, first = time.perf_counter(), None
+        _, composed = engine.retrieve(target, question, top_k, max_new_tokens)
+        for event in engine.answer(composed, chosen, max_new_tokens):
+            if first is None:
+                first = time.perf_counter() - start
+        return first, event["tokens"]
+
+    one(questions[0])  # first-use costs out of the round
+    result, began = Round(1, "1, unbatched"), time.perf_counter()
+    for question in questions[:per_client]:
+        ttft, tokens = one(question)
+        result.ttfts.append(ttft)
+        result.tokens.append(tokens)
+        result.answers += 1
+    result.wall_s = time.perf_counter() - began
+    return result
 
 
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
@@ -211,41 +249,56 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
 
 def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
              per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
-             **ask) -> list[Round]:
-    """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon.
-    In `work` (kept, and its synced KB reused by the next run) or a temporary folder."""
-    from kvedge.cloud.demo import free_port, start, wait_for
-    from kvedge.common.edge_client import EdgeClient
-    from kvedge.common.rpc import wait_healthy
+             unbatched: bool = True, **ask) -> list[Round]:
+    """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
+    then (`unbatched`) the one-client reference round without the scheduler. In `work`
+    (kept, and its synced KB reused by the next run) or a temporary folder."""
+    from kvedge.cloud.demo import free_port, start
     from kvedge.edge.sync import Target, manifest_path
 
-    root = Path(work) / Path(model).name if work else Path(tempfile.mkdtemp(prefix="kvedge-load-"))
+    root = Path(work) / Path(model).name if work else Path(tempfile.mkdtemp(prefix="kvload-"))
     state, target = root / "edge", Target("default", "load")
-    if not manifest_path(state, target).exists():
-        t0 = time.perf_counter()
-        sync_local_kb(state, model, folder, target.kb)
-        echo(f"synced {folder} ({model}) in {time.perf_counter() - t0:.0f} s")
-    address = f"127.0.0.1:{free_port()}"
-    edge = start("edge", ["serve", "--cloud", f"127.0.0.1:{free_port()}", "--kb", target.key,
-                          "--address", address, "--state", str(state), "--model", model,
-                          "--sync-interval", "3600", *serve_args],
-                 root / "edge.log", {**os.environ, "KVEDGE_HOME": str(root)})
     try:
-        wait_for((state / "edge.token").exists, "the edge", [edge], 300)
-        wait_healthy(address, 300)
-        token = (state / "edge.token").read_text().strip()
-        with EdgeClient(address, token) as warm:  # first-use costs out of the rounds
-            for question in questions[:2]:
-                ask_timed(warm, target.kb, question, **ask)
-        rounds = []
-        for n in clients:
-            rounds.append(run_round(address, token, target.kb, questions, n, per_client, **ask))
-            r = rounds[-1]
-            echo(f"{n:3d} clients: {r.answers} answers, {len(r.lost)} lost, {r.rate:.2f}/s, "
-                 f"TTFT p50 {r.ttft(.5):.2f} s p99 {r.ttft(.99):.2f} s"
-                 + (f"; first error: {r.lost[0]}" if r.lost else ""))
+        if not manifest_path(state, target).exists():
+            t0 = time.perf_counter()
+            sync_local_kb(state, model, folder, target.kb)
+            echo(f"synced {folder} ({model}) in {time.perf_counter() - t0:.0f} s")
+        address = f"127.0.0.1:{free_port()}"
+        edge = start("edge", ["serve", "--cloud", f"127.0.0.1:{free_port()}", "--kb",
+                              target.key, "--address", address, "--state", str(state),
+                              "--model", model, "--sync-interval", "3600", *serve_args],
+                     root / "edge.log", {**os.environ, "KVEDGE_HOME": str(root)})
+        try:
+            rounds = _rounds(edge, address, state, target, questions, clients, per_client,
+                             echo, **ask)
+        finally:
+            edge.stop()
+        if unbatched:
+            rounds.append(unbatched_round(state, model, questions, per_client, **ask))
+            echo(f"unbatched: {rounds[-1].rate:.2f}/s, TTFT p50 {rounds[-1].ttft(.5):.2f} s")
         return rounds
     finally:
-        edge.stop()
         if not work:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _rounds(edge, address, state, target, questions, clients, per_client, echo,
+            **ask) -> list[Round]:
+    from kvedge.cloud.demo import wait_for
+    from kvedge.common.edge_client import EdgeClient
+    from kvedge.common.rpc import wait_healthy
+
+    wait_for((state / "edge.token").exists, "the edge", [edge], 300)
+    wait_healthy(address, 300)
+    token = (state / "edge.token").read_text().strip()
+    with EdgeClient(address, token) as warm:  # first-use costs out of the rounds
+        for question in questions[:2]:
+            ask_timed(warm, target.kb, question, **ask)
+    rounds = []
+    for n in clients:
+        rounds.append(run_round(address, token, target.kb, questions, n, per_client, **ask))
+        r = rounds[-1]
+        echo(f"{n:3d} clients: {r.answers} answers, {len(r.lost)} lost, {r.rate:.2f}/s, "
+             f"TTFT p50 {r.ttft(.5):.2f} s p99 {r.ttft(.99):.2f} s"
+             + (f"; first error: {r.lost[0]}" if r.lost else ""))
+    return rounds

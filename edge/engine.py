@@ -169,7 +169,7 @@ class EdgeEngine:
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
         self.check_request(question, top_k, max_new_tokens, stop)
-        metas, composed = self._retrieve(target, question, top_k, max_new_tokens)
+        metas, composed = self.retrieve(target, question, top_k, max_new_tokens)
         job = _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
                       deadline, alive)
         for event in self.scheduler.submit(job).events():
@@ -181,8 +181,8 @@ class EdgeEngine:
                         chosen.name, event["prompt_tokens"], event["recomputed"],
                         event["kv_bytes"], event["sequence_ratio"], event["finish_reason"])
 
-    def _retrieve(self, target: Target, question: str, top_k: int,
-                  max_new_tokens: int) -> tuple[list[dict], Composed]:
+    def retrieve(self, target: Target, question: str, top_k: int = 3,
+                 max_new_tokens: int = 48) -> tuple[list[dict], Composed]:
         """The top_k segments' manifest entries and the composed prompt over their packs."""
         with self._lock:
             kb = self._kb(target)
