@@ -288,9 +288,12 @@ def report_cmd(out_dir):
 @click.option("--work", type=click.Path(file_okay=False), default=None,
               help="keep the edge's state and log here (a later run reuses the synced KB) "
               "[default: a temporary folder]")
+@click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
+              help="the edge's mode (`kvedge serve --batch-invariant`)")
 @click.option("--steps", is_flag=True,
               help="then time one decode step alone and batched, in this process")
-def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir, work, steps):
+def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir, work,
+             batch_invariant, steps):
     """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
     one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
     from kvedge.bench.load import decode_costs, questions_in, run_load, table
@@ -300,7 +303,8 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
     model = model or DEFAULT_MODEL
     rounds = run_load(model, folder, questions_in(folder), clients, per_client,
                       echo=click.echo, work=work, strategy=strategy, top_k=top_k,
-                      max_new_tokens=max_new_tokens)
+                      max_new_tokens=max_new_tokens,
+                      serve_args=() if batch_invariant else ("--no-batch-invariant",))
     click.echo(table(rounds))
     if steps:
         costs = decode_costs(model)

@@ -8,7 +8,8 @@ when the cloud is down), and each round runs N client threads, each with its own
 asking the same `per_client` questions one after another (each client from its own starting
 point, so every round asks the same questions). Reported per round: answers/s over the
 round's wall time, the client-side time to the first answer piece (p50, p99), answers lost
-(any error), and each as a ratio to the one-client round.
+(any error), questions whose answer text differs from the one-client round's, and each as a
+ratio to the one-client round.
 """
 from __future__ import annotations
 
@@ -99,8 +100,20 @@ class Round:
     wall_s: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    texts: dict[str, set[str]] = field(default_factory=dict)  # answers given to each question
     answers: int = 0
     lost: list[str] = field(default_factory=list)
+
+    def add(self, question: str, ttft: float, tokens: int, text: str) -> None:
+        self.ttfts.append(ttft)
+        self.tokens.append(tokens)
+        self.texts.setdefault(question, set()).add(text)
+        self.answers += 1
+
+    def differing(self, base: "Round") -> int:
+        """Questions answered otherwise than in `base` (or than elsewhere in this round)."""
+        return sum(texts != base.texts.get(q, texts) or len(texts) > 1
+                   for q, texts in self.texts.items())
 
     @property
     def rate(self) -> float:
@@ -113,13 +126,14 @@ class Round:
             if len(self.ttfts) > 1 else self.ttfts[0]
 
 
-def ask_timed(client, kb: str, question: str, **ask) -> tuple[float, int]:
-    """Ask and read the whole answer: (client-side time to its first piece, its tokens)."""
+def ask_timed(client, kb: str, question: str, **ask) -> tuple[float, int, str]:
+    """Ask and read the whole answer: (client-side time to its first piece, its tokens, its
+    text)."""
     start, first = time.perf_counter(), None
     for event in client.ask("default", kb, question, **ask):
         if first is None:
             first = time.perf_counter() - start
-    return first, event.tokens
+    return first, event.tokens, event.answer
 
 
 def run_round(address: str, token: str, kb: str, questions: list[str], clients: int,
@@ -138,15 +152,13 @@ def run_round(address: str, token: str, kb: str, questions: list[str], clients: 
             for i in range(per_client):
                 question = questions[(c + i) % per_client % len(questions)]
                 try:
-                    ttft, tokens = ask_timed(edge, kb, question, **ask)
+                    answer = ask_timed(edge, kb, question, **ask)
                 except Exception as err:  # noqa: BLE001 - a lost answer is a result
                     with lock:
                         result.lost.append(f"{type(err).__name__}: {err}")
                     continue
                 with lock:
-                    result.ttfts.append(ttft)
-                    result.tokens.append(tokens)
-                    result.answers += 1
+                    result.add(question, *answer)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
@@ -162,12 +174,13 @@ def run_round(address: str, token: str, kb: str, questions: list[str], clients: 
 def table(rounds: list[Round]) -> str:
     """Markdown: one row per round, ratios to the first (one-client) round."""
     base = rounds[0]
-    lines = ["| clients | answers | lost | tokens/answer | wall s | answers/s | × 1 client | "
-             "TTFT p50 s | × 1 client | TTFT p99 s | × 1 client |", "|---" * 11 + "|"]
+    lines = ["| clients | answers | lost | questions answered differently | tokens/answer | "
+             "wall s | answers/s | × 1 client | TTFT p50 s | × 1 client | TTFT p99 s | "
+             "× 1 client |", "|---" * 12 + "|"]
     for r in rounds:
         mean_tokens = sum(r.tokens) / len(r.tokens) if r.tokens else 0.0
         lines.append(f"| {r.label or r.clients} | {r.answers} | {len(r.lost)} | "
-                     f"{mean_tokens:.1f} | {r.wall_s:.1f} | "
+                     f"{r.differing(base)} | {mean_tokens:.1f} | {r.wall_s:.1f} | "
                      f"{r.rate:.2f} | {r.rate / base.rate:.2f} | {r.ttft(.5):.2f} | "
                      f"{r.ttft(.5) / base.ttft(.5):.2f} | {r.ttft(.99):.2f} | "
                      f"{r.ttft(.99) / base.ttft(.99):.2f} |")
@@ -189,21 +202,18 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state)
     chosen, target = get_strategy(strategy or "a3"), Target("default", "load")
 
-    def one(question: str) -> tuple[float, int]:
+    def one(question: str) -> tuple[float, int, str]:
         start, first = time.perf_counter(), None
         _, composed = engine.retrieve(target, question, top_k, max_new_tokens)
         for event in engine.answer(composed, chosen, max_new_tokens):
             if first is None:
                 first = time.perf_counter() - start
-        return first, event["tokens"]
+        return first, event["tokens"], event["answer"]
 
     one(questions[0])  # first-use costs out of the round
     result, began = Round(1, "1, unbatched"), time.perf_counter()
     for question in questions[:per_client]:
-        ttft, tokens = one(question)
-        result.ttfts.append(ttft)
-        result.tokens.append(tokens)
-        result.answers += 1
+        result.add(question, *one(question))
     result.wall_s = time.perf_counter() - began
     return result
 
@@ -240,6 +250,8 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
     for n in batches:
         states = [request() for _ in range(n)]
         costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states))
+    alone = [request()]
+    costs["batch of 1 unpadded"] = timed(lambda: decode_step(rt, alone, row_multiple=1))
     alone = request()
     costs["forward of 1"] = timed(lambda: alone.advance(rt.forward(
         torch.tensor([alone.token]), torch.tensor([alone.next_position()]), alone.cache,

@@ -21,38 +21,44 @@ from kvedge.common.runtime import Runtime, Tokens, rms_norm
 # matrix-vector product, and rows of a partial 4-row panel take another path than rows of full
 # ones. With the row count padded to a multiple of 4 every row gets the same bits whatever the
 # count (measured for 1–64 rows on every weight shape of SmolLM2 and the tiny models, 1 and 2
-# threads), so a greedy answer is the same alone or in any batch. The padding costs nothing
-# measurable: a decode step reads every weight once either way.
+# threads), so an answer is the same alone or in any batch. The price is paid by a request
+# decoding alone: on 2 CPU cores SmolLM2's matmuls take ~90 ms for 4 rows against ~50 ms for
+# the one row of a matrix-vector product. `row_multiple=1` gives that back (one request alone
+# then computes exactly what `Runtime.forward` does) and lets batched rows differ from lone
+# ones in the last bits.
 ROW_MULTIPLE = 4
 
 
 @torch.no_grad()
-def decode_step(rt: Runtime, states: list[Decoding]) -> list[int]:
+def decode_step(rt: Runtime, states: list[Decoding],
+                row_multiple: int = ROW_MULTIPLE) -> list[int]:
     """Run each request's last picked token at its next position through every layer against
     its own cache, then pick each request's next token with its own sampler; returns them.
 
     Equals `Runtime.forward` of each token alone (one fresh token appended to each cache) up
-    to the matmuls' row count. A step that raises leaves every cache as it was."""
+    to the matmuls' row count (see ROW_MULTIPLE). A step that raises leaves every cache as
+    it was."""
     pos = torch.tensor([s.next_position() for s in states], device=rt.device)
     for s, p in zip(states, pos):
         if bool(s.cache.extent.covers(p[None]).any()):
             raise CacheError(f"decode position {int(p)} is inside the cache's context")
     ids = torch.tensor([s.token for s in states], device=rt.device)
-    logits = decode_logits(rt, ids, pos, states)
+    logits = decode_logits(rt, ids, pos, states, row_multiple)
     for s, p in zip(states, pos):
         s.cache.extent.add(p[None])
     return [s.advance(row) for s, row in zip(states, logits)]
 
 
 @torch.no_grad()
-def decode_logits(rt: Runtime, ids: torch.Tensor, pos: torch.Tensor,
-                  states: list[Decoding]) -> torch.Tensor:
-    """Tokens `ids` at `pos` (B,), one per request's cache → logits (B, vocab). The caches
-    hold their K/V afterwards; their extents are the caller's to extend."""
+def decode_logits(rt: Runtime, ids: torch.Tensor, pos: torch.Tensor, states: list[Decoding],
+                  row_multiple: int = ROW_MULTIPLE) -> torch.Tensor:
+    """Tokens `ids` at `pos` (B,), one per request's cache → logits (B, vocab); the matmuls
+    run on B rows padded to a multiple of `row_multiple`. The caches hold the tokens' K/V
+    afterwards; their extents are the caller's to extend."""
     from kvedge.kernels.rope import apply_rotary
 
     n = len(states)
-    rows = -(-n // ROW_MULTIPLE) * ROW_MULTIPLE
+    rows = -(-n // row_multiple) * row_multiple
     cos, sin = _rope(rt, pos, states, rows)                  # (rows, D) each
     x = F.embedding(F.pad(ids, (0, rows - n)), rt.embed)     # (rows, hidden)
     fresh = torch.ones(1, dtype=torch.bool, device=rt.device)  # a decoded token is new text

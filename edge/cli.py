@@ -71,6 +71,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="answers decoded together (continuous batching)")
 @click.option("--max-queue", type=click.IntRange(0), default=64, show_default=True,
               help="asks waiting beyond the batch; more are refused RESOURCE_EXHAUSTED")
+@click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
+              help="an answer never depends on what shares its decode steps; an answer decoded "
+              "alone costs ~1.6x per token for it on CPU (docs/serving.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", default=0, help="pack cache budget (0 = unbounded); served KBs "
               "are pinned")
@@ -87,9 +90,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--cloud-tls-key", type=click.Path(dir_okay=False), default=None,
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, strategy, top_k,
-              max_new_tokens, max_batch, max_queue, sync_interval, cache_bytes, http_address,
-              metrics_address, tls_mode, tls_cert, tls_key, tls_hosts, tls_client_ca, insecure,
-              cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
+              max_new_tokens, max_batch, max_queue, batch_invariant, sync_interval, cache_bytes,
+              http_address, metrics_address, tls_mode, tls_cert, tls_key, tls_hosts,
+              tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
     """Sync the given KBs' packs from the cloud and answer questions about them (blocks;
     Ctrl-C or SIGTERM stops it gracefully and exits 0)."""
     import logging
@@ -122,7 +125,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")),
                         client_tls(cloud_tls_ca, cloud_tls_cert, cloud_tls_key))
     syncer = Syncer(cloud, cache, state, targets, loaded.tokenizer.decode)
-    engine = EdgeEngine(loaded, cache, state, max_batch=max_batch, max_queue=max_queue)
+    engine = EdgeEngine(loaded, cache, state, max_batch=max_batch, max_queue=max_queue,
+                        batch_invariant=batch_invariant)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,

@@ -60,18 +60,20 @@ class _KB:
 
 class EdgeEngine:
     """Answers questions about synced KBs. `ask` (the services) goes through the scheduler:
-    concurrent asks share decode steps, up to `max_batch` at once and `max_queue` waiting;
-    `answer` (the benchmark) runs one composed prompt alone on the caller's thread."""
+    concurrent asks share decode steps, up to `max_batch` at once and `max_queue` waiting,
+    and with `batch_invariant` an answer is the same whatever shares its steps
+    (kvedge.common.batch.ROW_MULTIPLE); `answer` (the benchmark) runs one composed prompt
+    alone on the caller's thread."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
-                 max_batch: int = 16, max_queue: int = 64):
+                 max_batch: int = 16, max_queue: int = 64, batch_invariant: bool = True):
         from kvedge.common.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.rt = Runtime(loaded)
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
-        self.scheduler = Scheduler(self.rt, max_batch, max_queue)
+        self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant)
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
         self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same

@@ -94,11 +94,12 @@ class Scheduler:
     """Owns the runtime: runs `Job`s, up to `max_batch` decoding together, `max_waiting` queued."""
 
     def __init__(self, rt, max_batch: int = 16, max_waiting: int = 64,
-                 max_starts: int | None = None):
+                 max_starts: int | None = None, invariant: bool = True):
         if max_batch < 1 or max_waiting < 0 or (max_starts is not None and max_starts < 1):
             raise ValueError("need max_batch ≥ 1, max_waiting ≥ 0 and max_starts ≥ 1")
         self.rt, self.max_batch, self.max_waiting = rt, max_batch, max_waiting
         self.max_starts = max_starts or max_batch  # starts between two decode steps
+        self.invariant = invariant  # steps padded so no answer depends on its neighbours
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._starting: Job | None = None  # between the queue and the batch: its prefill
@@ -208,12 +209,13 @@ class Scheduler:
             self._starting = None
 
     def _step(self) -> None:
-        from kvedge.common.batch import decode_step
+        from kvedge.common.batch import ROW_MULTIPLE, decode_step
 
         jobs = list(self._running)
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
         try:
-            decode_step(self.rt, [job.decoding for job in jobs])
+            decode_step(self.rt, [job.decoding for job in jobs],
+                        ROW_MULTIPLE if self.invariant else 1)
         except Exception as err:  # noqa: BLE001 - a broken step fails the requests in it
             log.exception("batched decode step failed")
             self._end(jobs, err)
