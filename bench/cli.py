@@ -151,15 +151,23 @@ def _check_sweeps(sweeps: dict) -> None:
             raise click.BadParameter(str(err)) from None
 
 
+def _number_or_text(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def _sweep(ctx, param, values) -> dict:
-    """`--sweep sparsex:boundary=0,0.1` (repeatable) → {"sparsex": {"boundary": [0, 0.1]}}."""
+    """`--sweep sparsex:boundary=0,0.1` (repeatable) → {"sparsex": {"boundary": [0, 0.1]}};
+    a value that is not a number stays text (`samkv:bias=true,false`)."""
     out: dict = {}
     for text in values:
         name, _, rest = text.partition(":")
         option, _, listed = rest.partition("=")
         try:
             out.setdefault(name.strip(), {})[option.strip()] = [
-                float(v) for v in listed.split(",") if v.strip()]
+                _number_or_text(v.strip()) for v in listed.split(",") if v.strip()]
         except ValueError as err:
             raise click.BadParameter(f"{text!r}: {err}") from None
         if not name.strip() or not option.strip() or not out[name.strip()][option.strip()]:

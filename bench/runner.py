@@ -97,7 +97,7 @@ def strategies_with_ratio() -> set[str]:
 
 
 def settings(strategy: str, ratios: list[float],
-             sweep: dict[str, list[float]]) -> list[tuple[float, str]]:
+             sweep: dict[str, list]) -> list[tuple[float, str]]:
     """(ratio, other options) of each setting of `strategy` a grid runs: `ratios` — or the
     sweep's own "ratio" list — if it has a ratio option (else 1.0), crossed with every other
     swept option's values. A swept option the strategy lacks is an InvalidOption."""
@@ -112,7 +112,8 @@ def settings(strategy: str, ratios: list[float],
                             f"{', '.join(sorted(names)) or 'none'}")
     rs = list(sweep.get("ratio", ratios)) if "ratio" in names else [1.0]
     rest = sorted((k, v) for k, v in sweep.items() if k != "ratio")
-    combos = itertools.product(*[[f"{k}={x:g}" for x in values] for k, values in rest])
+    combos = itertools.product(*[[f"{k}={x:g}" if isinstance(x, float) else f"{k}={x}"
+                                  for x in values] for k, values in rest])
     return [(r, ",".join(c)) for c in combos for r in rs]
 
 

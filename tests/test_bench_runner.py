@@ -241,6 +241,11 @@ def test_settings_cross_swept_options_and_name_their_cells():
     assert settings("a3", [0.1, 0.2], {}) == [(0.1, ""), (0.2, "")]
     assert settings("sparsex", [0.3], {"ratio": [0.05], "boundary": [0, 0.1]}) == [
         (0.05, "boundary=0"), (0.05, "boundary=0.1")]
+    assert settings("samkv", [0.15], {"bias": ["true", "false"]}) == [
+        (0.15, "bias=true"), (0.15, "bias=false")]  # `--sweep samkv:bias=true,false`
+    from kvedge.bench.cli import _sweep
+    assert _sweep(None, None, ["samkv:bias=true,false", "samkv:p=0.5"]) == {
+        "samkv": {"bias": ["true", "false"], "p": [0.5]}}
     cell = Cell("reuse", "multidoc-facts", 3, "sparsex", 0.05, 100, options="boundary=0.1")
     assert cell.key.endswith("/int8+zstd/boundary=0.1") and cell.option_values() == {
         "boundary": "0.1"}
