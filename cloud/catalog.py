@@ -15,6 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from kvedge.common.errors import NotFound
 
@@ -42,8 +43,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, namespace TEXT NOT NULL, kbs TEXT NOT NULL, method TEXT NOT NULL,
     budget REAL NOT NULL, codec TEXT NOT NULL, status TEXT NOT NULL, done INTEGER NOT NULL,
     total INTEGER NOT NULL, failures TEXT NOT NULL, created REAL NOT NULL,
-    finished REAL NOT NULL DEFAULT 0, compress_s REAL NOT NULL DEFAULT 0);
+    finished REAL NOT NULL DEFAULT 0, compress_s REAL NOT NULL DEFAULT 0,
+    owner TEXT NOT NULL DEFAULT '');
 """
+# columns added since a table was first created: (table, column, definition); a catalog
+# written by an older kvedge gains them when it is opened
+MIGRATIONS = [("jobs", "owner", "TEXT NOT NULL DEFAULT ''")]
+ACTIVE = ("queued", "running", "cancelling")  # a job some process is (or should be) running
 
 BASE = ""  # the base (uncompressed) variant's name
 
@@ -92,6 +98,7 @@ class JobRecord:
     created: float = 0.0
     finished: float = 0.0
     compress_s: float = 0.0
+    owner: str = ""  # the process running it (`cloud.jobs.Owner`); "" in older catalogs
 
     @property
     def variant(self) -> str:
@@ -100,9 +107,9 @@ class JobRecord:
     @classmethod
     def from_row(cls, row) -> "JobRecord":
         (id_, ns, kbs, method, budget, codec, status, done, total, failures, created, finished,
-         compress_s) = row
+         compress_s, owner) = row
         return cls(id_, ns, json.loads(kbs), method, budget, codec, status, done, total,
-                   json.loads(failures), created, finished, compress_s)
+                   json.loads(failures), created, finished, compress_s, owner)
 
 
 def variant_name(method: str, budget: float, codec: str) -> str:
@@ -121,6 +128,13 @@ class Catalog:
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._tx() as db:  # in a transaction: two processes may open an old file at once
+            for table, column, definition in MIGRATIONS:
+                if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     @contextmanager
     def _tx(self):
@@ -255,7 +269,7 @@ class Catalog:
         """Write the job's record; a progress write (queued or running) keeps a pending
         cancel request (`request_cancel`, possibly from another process) in place."""
         with self._tx() as db:
-            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO "
+            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO "
                        "UPDATE SET status = CASE WHEN jobs.status = 'cancelling' AND "
                        "excluded.status IN ('queued', 'running') THEN jobs.status ELSE "
                        "excluded.status END, done=excluded.done, total=excluded.total, "
@@ -263,7 +277,7 @@ class Catalog:
                        "compress_s=excluded.compress_s",
                        (job.id, job.namespace, json.dumps(job.kbs), job.method, job.budget,
                         job.codec, job.status, job.done, job.total, json.dumps(job.failures),
-                        job.created, job.finished, job.compress_s))
+                        job.created, job.finished, job.compress_s, job.owner))
 
     def request_cancel(self, namespace: str, job_id: str) -> None:
         """Mark a queued or running job 'cancelling'; whichever process runs it (the gateway or
@@ -284,6 +298,53 @@ class Catalog:
         with self._lock:
             rows = self._db.execute("SELECT * FROM jobs ORDER BY created").fetchall()
         return [JobRecord.from_row(r) for r in rows if namespaces is None or r[1] in namespaces]
+
+    def end_abandoned_jobs(self, why: Callable[[str], str | None],
+                           only: str | None = None) -> list["JobRecord"]:
+        """End the active jobs (all, or job `only`) whose owner `why(owner)` says is gone (it
+        returns the reason, else None): 'failed' with the reason as a failure, or 'cancelled'
+        if a cancel was requested; their variants still 'ingesting' fail too. Returns the jobs
+        ended. Without this a job whose process died would read 'running' forever."""
+        with self._tx() as db:
+            active = [JobRecord.from_row(r) for r in
+                      db.execute(f"SELECT * FROM jobs WHERE status IN {ACTIVE}")]
+            ended = []
+            for job in active:
+                if only in (None, job.id) and (reason := why(job.owner)) is not None:
+                    self._end_job(db, job, reason)
+                    ended.append(job)
+            live = {(j.namespace, kb, j.variant) for j in active if j.status in ACTIVE
+                    for kb in j.kbs}
+            for job in ended:
+                for kb in job.kbs:
+                    if (job.namespace, kb, job.variant) not in live:  # else a live job's
+                        self._fail_variant(db, job, kb)
+        return ended
+
+    @staticmethod
+    def _end_job(db, job: "JobRecord", reason: str) -> None:
+        job.status = "cancelled" if job.status == "cancelling" else "failed"
+        job.failures.append({"kb": "*", "segment": -1, "error": reason})
+        job.finished = time.time()
+        db.execute("UPDATE jobs SET status=?, failures=?, finished=? WHERE id=?",
+                   (job.status, json.dumps(job.failures), job.finished, job.id))
+
+    @staticmethod
+    def _fail_variant(db, job: "JobRecord", kb: str) -> None:
+        db.execute("UPDATE variants SET status='failed', error=?, updated=? WHERE variant=? AND "
+                   "status='ingesting' AND kb_id=(SELECT id FROM kbs WHERE namespace=? AND "
+                   "name=?)", (f"job {job.id}: {job.failures[-1]['error']}", time.time(),
+                               job.variant, job.namespace, kb))
+
+    def sweep_packs(self, sweep: Callable[[set[str]], list[str]]) -> list[str] | None:
+        """Run `sweep(every pack id a segment references)` if no job is active, holding the
+        write lock meanwhile so no process can start one (a job writes packs only while its
+        record says it is active); returns what `sweep` returned, or None if it did not run.
+        Ingests write packs too: the caller (a gateway, before it serves) runs none."""
+        with self._tx() as db:
+            if db.execute(f"SELECT 1 FROM jobs WHERE status IN {ACTIVE} LIMIT 1").fetchone():
+                return None
+            return sweep({r[0] for r in db.execute("SELECT DISTINCT pack_id FROM segments")})
 
     def close(self) -> None:
         self._db.close()

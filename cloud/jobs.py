@@ -10,14 +10,20 @@ is not published (a half-compressed variant is never served).
 A job runs in the gateway (`kvctl job submit`) or as its own process on a Ray cluster
 (`ray job submit -- python -m kvedge.cloud.jobs --data DIR ...`, `main` below): both read and
 write the same store and catalog, so `kvctl job list` shows either, and `kvctl job cancel`
-stops either (through the catalog's cancel request).
+stops either (through the catalog's cancel request). Each job records its owner, the process
+running it (`Owner`), so a gateway starting up can end the jobs whose process is gone — its
+own, killed with it, or a killed job process's — and leave a live job process's alone.
 """
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -46,6 +52,91 @@ def check_spec(method: str, budget: float, codec: str) -> None:
     get_codec(codec)
 
 
+@dataclass(frozen=True)
+class Owner:
+    """The process running a job, recorded in the catalog as `role@host:pid:started`.
+
+    `host` is the host name and the pid namespace (two containers may share a host name, not
+    their pids); `started` is the process's start time (clock ticks since boot, Linux's
+    /proc), so a pid the system has since given to another process does not pass for it."""
+
+    role: str  # "gateway", or "jobs" (python -m kvedge.cloud.jobs)
+    host: str  # e.g. "head-0/4026531836"
+    pid: int
+    started: int  # 0 where /proc is missing: then only the pid is checked
+
+    def __str__(self) -> str:
+        return f"{self.role}@{self.host}:{self.pid}:{self.started}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Owner | None":
+        role, _, rest = text.partition("@")
+        host, _, numbers = rest.partition(":")
+        pid, _, started = numbers.partition(":")
+        if not (role and host and pid.isdigit() and started.isdigit()):
+            return None
+        return cls(role, host, int(pid), int(started))
+
+    @classmethod
+    def this_process(cls, role: str) -> "Owner":
+        stat = _proc_stat(os.getpid())
+        return cls(role, _this_host(), os.getpid(), stat[1] if stat else 0)
+
+    def gone(self) -> bool:
+        """True only when provably gone: on this host, and its pid is free, a zombie, or a
+        process started at another time. One on another host cannot be checked: not gone."""
+        if self.host != _this_host():
+            return False
+        stat = _proc_stat(self.pid)
+        if stat is not None:
+            state, started = stat
+            return state == "Z" or self.started not in (0, started)
+        if os.path.exists("/proc/self/stat"):
+            return True  # /proc has no such pid
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # a process, someone else's
+        return False
+
+
+def _this_host() -> str:
+    try:  # "pid:[4026531836]"
+        namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{namespace}"
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, from /proc; None if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ", comm may hold spaces
+    return fields[0], int(fields[19])
+
+
+def abandoned(owner: str) -> str | None:
+    """Why a job owned by `owner` (its catalog text) will never end, or None if its process
+    may still run it. A job recorded by an older kvedge names no owner: nothing could ever end
+    it, so it counts as abandoned (were its process alive, its next progress write would set
+    its status again)."""
+    who = Owner.parse(owner)
+    if who is None:
+        return ("interrupted: recorded by an older kvedge that did not note the process "
+                "running it, taken as stopped; submit it again")
+    if not who.gone():
+        return None
+    if who.role == "gateway":
+        return "interrupted: the gateway stopped while the job ran; submit it again"
+    return (f"interrupted: its process (pid {who.pid} on {who.host.partition('/')[0]}) stopped "
+            "while the job ran; submit it again")
+
+
 class CancelFlag:
     """A job's cancel request: set in this process, or found in the catalog ('cancelling',
     written by the gateway for a job another process runs). The runner checks it between
@@ -66,8 +157,11 @@ class CancelFlag:
 
 
 class JobRunner:
-    def __init__(self, catalog: Catalog, store, pool):
+    """Runs jobs in this process's threads, as `role` ("gateway", or "jobs": a job process)."""
+
+    def __init__(self, catalog: Catalog, store, pool, role: str = "jobs"):
         self.catalog, self.store, self.pool = catalog, store, pool
+        self.owner = Owner.this_process(role)
         self._threads: dict[str, threading.Thread] = {}
         self._cancel: dict[str, CancelFlag] = {}
 
@@ -84,7 +178,8 @@ class JobRunner:
                                f"{rec.variants[BASE]['status']})")
             plans[kb] = rec.segments
         job = JobRecord(uuid.uuid4().hex[:12], namespace, list(plans), method, budget, codec,
-                        total=sum(len(s) for s in plans.values()), created=time.time())
+                        total=sum(len(s) for s in plans.values()), created=time.time(),
+                        owner=str(self.owner))
         self.catalog.put_job(job)
         self._cancel[job.id] = CancelFlag(self.catalog, job)
         thread = threading.Thread(target=self._run, args=(job, plans), name=f"job-{job.id}",
@@ -95,14 +190,21 @@ class JobRunner:
 
     def cancel(self, namespace: str, job_id: str) -> JobRecord:
         """Stop a job: one this runner runs at once; one another process runs (a Ray job)
-        when that process next checks (about a second), so it may still read 'cancelling'."""
+        when that process next checks (about a second), so it may still read 'cancelling';
+        one whose process is gone at once (nothing else would ever record it cancelled)."""
         job = self.catalog.job(namespace, job_id)
         if job.status in ("queued", "running"):
             self.catalog.request_cancel(namespace, job_id)
             if job.id in self._cancel:
                 self._cancel[job.id].set()
                 self._threads[job.id].join(60)
+        if job.id not in self._cancel:  # no process would ever record it cancelled
+            self.catalog.end_abandoned_jobs(abandoned, only=job.id)
         return self.catalog.job(namespace, job_id)
+
+    def end_abandoned(self) -> list[JobRecord]:
+        """End the jobs whose process is gone (`abandoned` says why); returns them."""
+        return self.catalog.end_abandoned_jobs(abandoned)
 
     def wait(self, job_id: str, timeout: float | None = None) -> bool:
         """Wait for a job this runner runs; True once it has ended."""
@@ -217,9 +319,7 @@ def main(data_dir, store_url, namespace, kbs, method, budget, codec, model_name,
 
 def _run_job(data_dir, store_url, namespace, kbs, method, budget, codec, model_name,
              ray_address, actors, cpus_per_actor) -> JobRecord:
-    import os
     import signal
-    from pathlib import Path
 
     from kvedge.cloud.store import PackStore
     from kvedge.cloud.workers import PrefillPool, start_ray

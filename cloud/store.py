@@ -58,3 +58,16 @@ class PackStore:
         path = self._path(pack_id)
         if self.fs.exists(path):
             self.fs.rm(path)
+
+    def sweep(self, keep: set[str]) -> list[str]:
+        """Delete every file under packs/ but the packs named in `keep`: packs nothing
+        references and the temporary files of writes that never finished. Returns the paths
+        removed, relative to the store. The caller makes sure no one is writing packs."""
+        removed = []
+        for path in sorted(self.fs.find(f"{self.root}/packs")):
+            name = path.rsplit("/", 1)[-1]
+            if name.endswith(".kvp") and name[:-len(".kvp")] in keep:
+                continue
+            self.fs.rm(path)
+            removed.append(path[len(self.root):].lstrip("/"))
+        return removed
