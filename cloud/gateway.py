@@ -69,10 +69,30 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         self.staging = Staging(config.data_dir / "staging")
         self.tokens = TokenStore(config.data_dir / "tokens.json")
         self.pool = pool
-        self.jobs = JobRunner(self.catalog, self.store, pool)
+        self.jobs = JobRunner(self.catalog, self.store, pool, role="gateway")
         self._ingests: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
         self.bytes_served = 0  # by FetchPack, since start (cloud.metrics reports it)
+        self._clean_up_after_a_stop()
+
+    def _clean_up_after_a_stop(self) -> None:
+        """Before serving: end the jobs whose process is gone (a killed gateway's, or a killed
+        job process's), then delete from the store what no catalog entry references — packs
+        and temporary files of ingests and jobs stopped before they published. Not while a
+        job process runs a job (its packs are unpublished until it ends; a later start
+        collects them), nor after ending a job an older kvedge recorded (its process could not
+        be checked, so its packs may still be wanted)."""
+        ended = self.jobs.end_abandoned()
+        for job in ended:
+            log.warning("job %s %s: %s", job.id, job.status, job.failures[-1]["error"])
+        if any(not job.owner for job in ended):
+            log.warning("unreferenced packs not collected: a job of an older kvedge was ended")
+            return
+        removed = self.catalog.sweep_packs(self.store.sweep)
+        if removed is None:
+            log.info("unreferenced packs not collected: a job process is running a job")
+        for path in removed or []:
+            log.info("removed %s from the store: no catalog entry references it", path)
 
     # ------------------------------------------------------------------ uploads
 
@@ -264,6 +284,30 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             with self._lock:
                 self.bytes_served += len(data)
             offset += len(data)
+
+    @rpc_errors
+    def FetchTransform(self, request, context):
+        """A kvtc transform file by its blake3, in chunks, from this machine's transforms
+        folder (where the workers calibrate it); the edge checks the bytes against the digest.
+
+        A transform is model-level data: fitted on the model alone over a fixed text
+        (`calibrate.CALIBRATION_TEXT`, never a knowledge base's), it holds nothing of any
+        namespace, and one file serves every namespace's packs. So it is not checked against
+        the namespace's packs, but the call still names a namespace its token must cover, the
+        one rule of every Cloud call (tests/test_tls.py holds each RPC to it): the edge asks
+        in the namespace of the KB whose packs named it."""
+        self._authorized(context, request.namespace)
+        from kvedge.common.pack.codecs.kvtc import default_store
+
+        store = default_store()
+        if not store.has(request.digest):
+            raise NotFound(f"no kvtc transform {request.digest[:16]}… in the gateway's "
+                           f"{store.root}: its packs were encoded where the gateway cannot "
+                           "read it (a Ray worker on another machine?); copy the file there, "
+                           "or re-encode the KB with kvtc's embed=true")
+        data = store.path(request.digest).read_bytes()
+        for offset in range(0, len(data), CHUNK):
+            yield pb.PackChunk(offset=offset, data=data[offset: offset + CHUNK], total=len(data))
 
 
 def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,

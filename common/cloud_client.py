@@ -1,6 +1,8 @@
-"""Client of the cloud gateway: resumable uploads, catalog calls, resumable pack fetch.
+"""Client of the cloud gateway: resumable uploads, catalog calls, resumable pack fetch,
+kvtc transform fetch.
 
-In common because both kvctl (uploads, jobs) and the edge's syncer (catalog, pack fetch) use it."""
+In common because both kvctl (uploads, jobs) and the edge's syncer (catalog, pack and
+transform fetch) use it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,6 +88,16 @@ class CloudClient(RpcClient):
             yield from self.stub.FetchPack(
                 pb.FetchPackRequest(namespace=namespace, pack_id=pack_id, offset=offset),
                 metadata=metadata(self.token), timeout=600)
+        except grpc.RpcError as err:
+            self.failed(err)
+
+    def fetch_transform(self, namespace: str, digest: str) -> bytes:
+        """A kvtc transform file's bytes, as sent (asked in the namespace of a KB whose packs
+        name it): the caller checks them against `digest` (`TransformStore.add`)."""
+        try:
+            return b"".join(chunk.data for chunk in self.stub.FetchTransform(
+                pb.FetchTransformRequest(namespace=namespace, digest=digest),
+                metadata=metadata(self.token), timeout=600))
         except grpc.RpcError as err:
             self.failed(err)
 

@@ -3,7 +3,7 @@
 In common because kvctl (the cloud tier's CLI), the demo and the benchmark all ask edges."""
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import grpc
 
@@ -20,12 +20,16 @@ class EdgeClient(RpcClient):
 
     def ask(self, namespace: str, kb: str, question: str, *, strategy: str = "", top_k: int = 0,
             max_new_tokens: int = 0, options: Mapping[str, object] | None = None,
-            timeout: float = 600) -> Iterator[str | pb.AskDone]:
+            temperature: float = 0.0, top_p: float | None = None, seed: int | None = None,
+            stop: Sequence[str] = (), timeout: float = 600) -> Iterator[str | pb.AskDone]:
         """Yield answer pieces (str) and finally the AskDone with timings. `options` are the
-        strategy's, by name (values sent as strings; the edge checks and converts them)."""
+        strategy's, by name (values sent as strings; the edge checks and converts them).
+        Greedy unless `temperature` > 0; None leaves top_p (1) and seed (unseeded) unset; the
+        answer ends at the first `stop` string."""
         request = pb.AskRequest(namespace=namespace, kb=kb, question=question, strategy=strategy,
                                 top_k=top_k, max_new_tokens=max_new_tokens,
-                                options={k: str(v) for k, v in (options or {}).items()})
+                                options={k: str(v) for k, v in (options or {}).items()},
+                                temperature=temperature, top_p=top_p, seed=seed, stop=stop)
         try:
             for event in self.stub.Ask(request, metadata=metadata(self.token), timeout=timeout):
                 yield event.done if event.HasField("done") else event.text

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from kvedge.common.auth import TokenStore, check_name, write_secret
-from kvedge.common.errors import Cancelled, DeadlineExceeded
+from kvedge.common.errors import Cancelled, DeadlineExceeded, InvalidRequest
+from kvedge.common.generate import Sampler
 from kvedge.common.metrics import request_log
 from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
@@ -33,12 +35,14 @@ class EdgeService(pb_grpc.EdgeServicer):
         ns = check_name("namespace", request.namespace or "default")
         who.require(ns)
         target = Target.in_namespace(ns, request.kb)  # "NAME" or "NAME@VARIANT"
+        sampler = sampler_of(request)
         remaining = context.time_remaining()  # the client's deadline, None if it set none
         events = self.engine.ask(target, request.question,
                                  strategy=request.strategy or self.default_strategy,
                                  top_k=request.top_k or self.top_k,
                                  max_new_tokens=request.max_new_tokens or self.max_new,
-                                 options=dict(request.options),
+                                 options=dict(request.options), sampler=sampler,
+                                 stop=tuple(request.stop),  # checked by the engine
                                  deadline=None if remaining is None
                                  else time.monotonic() + remaining,
                                  alive=context.is_active)  # the scheduler drops it once gone
@@ -54,6 +58,21 @@ class EdgeService(pb_grpc.EdgeServicer):
             if context.is_active():
                 raise  # our deadline, or the service stopping: the client hears which
             # else the client left, or gRPC already told it DEADLINE_EXCEEDED
+
+
+def sampler_of(request: pb.AskRequest) -> Sampler:
+    """The request's sampling fields (unset: greedy, top_p 1, unseeded), range-checked by
+    Sampler itself; out of range is InvalidRequest."""
+    top_p = request.top_p if request.HasField("top_p") else 1.0
+    seed = request.seed if request.HasField("seed") else None
+    try:
+        if not math.isfinite(request.temperature):  # NaN passes Sampler's comparisons
+            raise ValueError("temperature must be a finite number")
+        return Sampler(request.temperature, top_p=top_p, seed=seed)
+    except ValueError as err:
+        raise InvalidRequest(f"bad sampling fields (temperature={request.temperature}, "
+                             f"top_p={top_p}): {err}; leave them unset for greedy answers") \
+            from None
 
 
 def serve(engine: EdgeEngine, state_dir: Path, address: str = "127.0.0.1:50052",

@@ -1,10 +1,12 @@
 """Keep the local pack cache in step with the cloud for the KBs this edge serves.
 
 For each served KB (namespace, name, variant) the syncer fetches the packs it lacks —
-resuming broken transfers from what it holds — verifies them, and only then rewrites the KB's
-local manifest (`kbs/<ns>/<name>[@variant].json`: segments, pack ids, segment texts for
-retrieval). The engine answers from local manifests alone, so the edge keeps answering when
-the cloud is down.
+resuming broken transfers from what it holds — verifies them, then the kvtc transforms those
+packs reference and this edge lacks (packs written with `kvtc:embed=false`; each checked
+against its blake3 before it is installed), and only then rewrites the KB's local manifest
+(`kbs/<ns>/<name>[@variant].json`: segments, pack ids, segment texts for retrieval, the
+transforms). The engine answers from local manifests alone, so the edge keeps answering when
+the cloud is down, and never sees a KB it cannot decode.
 """
 from __future__ import annotations
 
@@ -51,8 +53,12 @@ def manifest_path(state_dir: Path, target: Target) -> Path:
 
 
 class Syncer:
-    def __init__(self, client, cache, state_dir: Path | str, targets: list[Target], detokenize):
-        self.client, self.cache = client, cache
+    """`transforms`: the kvtc TransformStore transforms are installed in (default: this
+    machine's, `<KVEDGE_HOME>/transforms`, where the decoder reads them)."""
+
+    def __init__(self, client, cache, state_dir: Path | str, targets: list[Target], detokenize,
+                 transforms=None):
+        self.client, self.cache, self._transforms = client, cache, transforms
         self.state_dir = Path(state_dir)
         self.targets = targets
         self.detokenize = detokenize
@@ -94,22 +100,27 @@ class Syncer:
         old = self.local(target)
         if old and old["fingerprint"] == info.model_fingerprint and \
                 [s["pack_id"] for s in old["segments"]] == [s.pack_id for s in info.segments] \
-                and all(self.cache.has(s.pack_id) for s in info.segments):
+                and all(self.cache.has(s.pack_id) for s in info.segments) \
+                and self._transforms_present(old):
             return 0
-        count, segments = 0, []
+        from kvedge.common.pack.codecs.kvtc import referenced_transforms
+
+        count, segments, transforms = 0, [], set()
         for seg in info.segments:
             if not self.cache.has(seg.pack_id):
                 self._fetch(target.namespace, seg.pack_id)
                 count += 1
             manifest = read_manifest(self.cache.path(seg.pack_id).read_bytes())
+            transforms |= referenced_transforms(manifest)
             segments.append({"index": seg.index, "pack_id": seg.pack_id, "source": seg.source,
                              "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,
                              "fp16_bytes": seg.fp16_bytes,
                              "text": self.detokenize(manifest.token_ids)})
+        self._fetch_transforms(target.namespace, transforms)  # before a manifest names them
         write_json_atomic(manifest_path(self.state_dir, target),
                     {"namespace": target.namespace, "kb": target.kb, "variant": target.variant,
                      "fingerprint": info.model_fingerprint, "mode": info.mode,
-                     "segments": segments})
+                     "transforms": sorted(transforms), "segments": segments})
         log.info("synced %s: %d segments (%d fetched)", target.key, len(segments), count)
         return count
 
@@ -122,6 +133,29 @@ class Syncer:
                 raise SyncStopped(f"stopped while fetching {pack_id[:16]}…")
         self.cache.commit(pack_id)
         self.fetched_packs += 1
+
+    @property
+    def transforms(self):
+        """The kvtc TransformStore transforms are installed in."""
+        if self._transforms is None:
+            from kvedge.common.pack.codecs.kvtc import default_store
+
+            self._transforms = default_store()
+        return self._transforms
+
+    def _transforms_present(self, local: dict) -> bool:
+        """The transforms a local manifest's packs need are installed (a manifest written
+        before transforms were recorded does not say: no)."""
+        needed = local.get("transforms")
+        return needed is not None and all(self.transforms.has(d) for d in needed)
+
+    def _fetch_transforms(self, namespace: str, digests: set[str]) -> None:
+        """Fetch each transform this edge lacks; bytes that do not hash to its digest raise
+        TransformMismatch and nothing is installed."""
+        for digest in sorted(d for d in digests if not self.transforms.has(d)):
+            data = self.client.fetch_transform(namespace, digest)
+            self.transforms.add(digest, data)
+            log.info("installed kvtc transform %s… (%d bytes)", digest[:16], len(data))
 
     def local(self, target: Target) -> dict | None:
         path = manifest_path(self.state_dir, target)

@@ -17,12 +17,18 @@ from kvedge.common.tls import ca_option
               help="a strategy option, e.g. --opt ratio=0.3 (repeatable)")
 @click.option("--top-k", default=0, help="segments to retrieve [default: the edge's]")
 @click.option("--max-new-tokens", default=0)
+@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy; > 0 samples")
+@click.option("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1] [default: 1]")
+@click.option("--seed", type=int, default=None, help="sampling seed: the same seed gives the "
+              "same answer [default: unseeded]")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+              help="end the answer at this text, left out of it (repeatable, at most 4)")
 @click.option("--edge", "address", default=EDGE_ADDRESS, show_default=True)
 @click.option("--token", default=None, help="[default: $KVEDGE_TOKEN or the local edge token]")
 @ca_option("--tls-ca", what="the edge")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object at the end")
-def ask_cmd(question, kb, namespace, strategy, opts, top_k, max_new_tokens, address, token,
-            tls_ca, as_json):
+def ask_cmd(question, kb, namespace, strategy, opts, top_k, max_new_tokens, temperature, top_p,
+            seed, stops, address, token, tls_ca, as_json):
     """Ask an edge daemon a question about a knowledge base; the answer streams."""
     from kvedge.common.edge_client import EdgeClient
     from kvedge.common.rpc import read_token
@@ -32,7 +38,8 @@ def ask_cmd(question, kb, namespace, strategy, opts, top_k, max_new_tokens, addr
     with EdgeClient(address, read_token(token, home_path("edge", "edge.token")),
                     client_tls(tls_ca)) as edge:
         for event in edge.ask(namespace, kb, question, strategy=strategy, top_k=top_k,
-                              max_new_tokens=max_new_tokens, options=options):
+                              max_new_tokens=max_new_tokens, options=options,
+                              temperature=temperature, top_p=top_p, seed=seed, stop=stops):
             if isinstance(event, str):
                 if not as_json:
                     click.echo(event, nl=False)

@@ -190,6 +190,14 @@ class PackChunk(_message.Message):
     total: int
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total: _Optional[int] = ...) -> None: ...
 
+class FetchTransformRequest(_message.Message):
+    __slots__ = ("namespace", "digest")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    digest: str
+    def __init__(self, namespace: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+
 class JobRequest(_message.Message):
     __slots__ = ("namespace", "kbs", "method", "budget", "codec")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -267,7 +275,7 @@ class JobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
 
 class AskRequest(_message.Message):
-    __slots__ = ("namespace", "kb", "question", "strategy", "top_k", "max_new_tokens", "options")
+    __slots__ = ("namespace", "kb", "question", "strategy", "top_k", "max_new_tokens", "options", "temperature", "top_p", "seed", "stop")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +290,10 @@ class AskRequest(_message.Message):
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     kb: str
     question: str
@@ -289,7 +301,11 @@ class AskRequest(_message.Message):
     top_k: int
     max_new_tokens: int
     options: _containers.ScalarMap[str, str]
-    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., question: _Optional[str] = ..., strategy: _Optional[str] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    temperature: float
+    top_p: float
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., question: _Optional[str] = ..., strategy: _Optional[str] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AskDone(_message.Message):
     __slots__ = ("answer", "ttft_s", "tpot_s", "tokens", "segments", "bytes_loaded", "fp16_bytes", "strategy", "prompt_tokens", "recomputed_tokens", "kv_bytes", "sequence_ratio", "finish_reason")

@@ -64,6 +64,11 @@ class CloudStub:
                 request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
                 response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
                 _registered_method=True)
+        self.FetchTransform = channel.unary_stream(
+                '/kvedge.v1.Cloud/FetchTransform',
+                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+                _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/kvedge.v1.Cloud/SubmitJob',
                 request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
@@ -130,6 +135,13 @@ class CloudServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchTransform(self, request, context):
+        """the file, in chunks
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SubmitJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -191,6 +203,11 @@ def add_CloudServicer_to_server(servicer, server):
             'FetchPack': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPack,
                     request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
+            ),
+            'FetchTransform': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchTransform,
+                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchTransformRequest.FromString,
                     response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
             ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
@@ -380,6 +397,33 @@ class Cloud:
             target,
             '/kvedge.v1.Cloud/FetchPack',
             kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchTransform(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvedge.v1.Cloud/FetchTransform',
+            kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
             kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
             options,
             channel_credentials,

@@ -37,9 +37,11 @@ records the digest. Two ways to ship it:
   it per token; it shrinks as 1/context length).
 - `embed=false`: the paper's scheme, nothing per pack: the decoder reads μ and B from the
   transform file in its own transforms folder — absent is `TransformMissing`, bytes that do
-  not hash to the name `TransformMismatch`. Shipping the file to the edge beside the packs
-  (the gateway's store and the edge's sync) is the step after this one; until then it works
-  where cloud and edge share KVEDGE_HOME.
+  not hash to the name `TransformMismatch`. The edge's sync ships it: after a KB's packs it
+  fetches each transform they name (`referenced_transforms`) that the edge lacks from the
+  gateway (`FetchTransform`, served from the gateway's own transforms folder), checks its
+  blake3 and installs it (`TransformStore.add`) before the KB's manifest, so the engine
+  never sees a KB it cannot decode.
 Without a transform (`transform=''`: `get_codec("kvtc")` outside a worker) every head gets
 `bits` and is fitted on its own rows, embedded.
 """
@@ -246,6 +248,20 @@ class TransformStore:
             raise TransformMismatch(digest, "is not a blake3 hex digest")
         return self.root / f"{digest}.kvtc"
 
+    def has(self, digest: str) -> bool:
+        """Whether the file is here (a string that is not a digest never is)."""
+        return bool(_DIGEST.match(digest)) and self.path(digest).exists()
+
+    def add(self, digest: str, data: bytes) -> None:
+        """Install a transform file received from elsewhere (the edge's sync): bytes that do
+        not hash to `digest` raise TransformMismatch and nothing is written; good ones are
+        written atomically (a reader sees no file or the whole one)."""
+        path = self.path(digest)
+        if blake3.blake3(data).hexdigest() != digest:
+            raise TransformMismatch(digest, f"the {len(data)} bytes received do not hash to "
+                                            "its name")
+        write_atomic(path, data, 0o644)
+
     def save(self, t: Transform, model: str | None = None) -> str:
         digest = t.digest
         if not self.path(digest).exists():
@@ -272,6 +288,22 @@ class TransformStore:
 
 
 _STORES: dict[Path, TransformStore] = {}
+
+
+def referenced_transforms(manifest) -> set[str]:
+    """The transforms a pack (its `Manifest`) needs from the transforms folder: the digests
+    its embed=false kvtc tensors name, also under stages ("kvtc+zstd": params["inner"])."""
+    found = set()
+    for entry in manifest.tensors.values():
+        base, *stages = entry.codec.split("+")
+        if base != Kvtc.name:
+            continue
+        params = entry.params
+        for _ in stages:
+            params = params["inner"]
+        if not params["embedded"]:
+            found.add(params["transform"])
+    return found
 
 
 def default_store() -> TransformStore:
