@@ -8,15 +8,18 @@ file under its final name (DESIGN.md decision 4):
 - `PartFile`: a transfer that arrives in chunks as `<name>.part`, resumable from the bytes it
   holds; a chunk must continue exactly where the held bytes end, and the finished file enters
   under its final name only after it is verified (a file that fails is deleted). Uploads
-  (the gateway's staging) and pack fetches (the edge's pack cache) use it.
+  (the gateway's staging) and pack fetches (the edge's pack cache) use it. Verifying reads
+  the file through `mapped`, so a pack of hundreds of MB is never copied into memory whole.
 """
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import tempfile
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def write_atomic(path: Path | str, data: bytes, mode: int | None = None) -> None:
@@ -58,6 +61,26 @@ def replace_durably(source: Path, target: Path) -> None:
         os.close(dir_fd)
 
 
+@contextmanager
+def mapped(path: Path | str) -> Iterator[memoryview]:
+    """A file's bytes as a read-only view mapped from disk, for the length of the `with`.
+
+    Nothing is read up front: the pages a reader touches come from the page cache, not the
+    process's own memory, and the OS can drop them again, however large the file."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:  # mmap refuses an empty file
+            yield memoryview(b"")
+            return
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mapping)
+    try:
+        yield view
+    finally:
+        with suppress(BufferError):  # slices still held (an error's frames): unmapped with them
+            view.release()
+            mapping.close()
+
+
 class PartFile:
     """An unfinished transfer held at `path` (`<name>.part`), resumable from its size.
 
@@ -83,15 +106,17 @@ class PartFile:
             f.write(data)
         return held + len(data)
 
-    def finish(self, final: Path | str, verify: Callable[[bytes], None]) -> bytes:
+    def finish(self, final: Path | str, verify: Callable[[memoryview], None]) -> int:
         """Check the whole file with `verify` (which raises if it is bad), then move it to
-        `final` durably; returns its bytes. A file that fails is deleted and the error raised:
-        it cannot be resumed into something good."""
-        data = self.path.read_bytes()
+        `final` durably; returns its size. `verify` gets the file `mapped` (read-only, valid
+        only during the call), so checking it allocates nothing of its size. A file that
+        fails is deleted and the error raised: it cannot be resumed into something good."""
         try:
-            verify(data)
+            with mapped(self.path) as data:
+                verify(data)
+                size = len(data)
         except BaseException:
             self.path.unlink(missing_ok=True)
             raise
         replace_durably(self.path, Path(final))
-        return data
+        return size

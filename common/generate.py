@@ -1,18 +1,28 @@
 """Greedy and sampled decoding over any runtime cache (dense, realigned, ragged), gpt-fast style."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
+from kvedge.common.errors import InvalidRequest
 from kvedge.common.kvcache import KVCache
 from kvedge.common.runtime import Runtime
+
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; hotter only adds noise
+MAX_SEED = 2**63 - 1   # what gRPC's int64 carries and a torch generator takes
 
 
 @dataclass(frozen=True)
 class Sampler:
-    """temperature 0 → greedy (argmax); otherwise softmax(logits / T) with optional top-k/top-p."""
+    """temperature 0 → greedy (argmax); otherwise softmax(logits / T) with optional top-k/top-p.
+
+    The one place sampling limits are checked: gRPC Ask, the HTTP API and the CLI build a
+    Sampler from what they were sent and rely on it. temperature is a finite number in
+    [0, 2] (OpenAI's range), top_p in (0, 1], top_k ≥ 0, seed in 0..2**63-1 or None
+    (unseeded); anything else is InvalidRequest, its `param` naming the field."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -20,8 +30,18 @@ class Sampler:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("need temperature ≥ 0, 0 < top_p ≤ 1, top_k ≥ 0")
+        t, seed = self.temperature, self.seed
+        checks = [("temperature", math.isfinite(t) and 0 <= t <= MAX_TEMPERATURE,
+                   "a finite number in [0, 2] (OpenAI's range; 0 = greedy)"),
+                  ("top_p", 0 < self.top_p <= 1, "in (0, 1] (1 = off)"),  # NaN fails too
+                  ("top_k", self.top_k >= 0, "≥ 0 (0 = off)"),
+                  ("seed", seed is None or 0 <= seed <= MAX_SEED, "in 0..2**63-1")]
+        for name, ok, rule in checks:
+            if not ok:
+                err = InvalidRequest(f"sampling field {name} must be {rule}, not "
+                                     f"{getattr(self, name)!r}; leave it unset for its default")
+                err.param = name  # the request field at fault (the HTTP API's error names it)
+                raise err
 
     def generator(self) -> torch.Generator | None:
         if self.seed is None:

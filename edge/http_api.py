@@ -139,8 +139,8 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = None  # sampling fields: Sampler checks their ranges
+    top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None  # at most MAX_STOPS (the engine checks)
     user: str | None = None  # an end-user id for the caller's own records
@@ -164,7 +164,10 @@ class ChatRequest(BaseModel):
         return users[-1].text()
 
     def sampler(self) -> Sampler:
-        return Sampler(self.temperature or 0.0, top_p=self.top_p or 1.0, seed=self.seed)
+        """Unset fields take their defaults (greedy, top_p 1, unseeded); out of range is
+        Sampler's InvalidRequest, a 400 whose `param` names the field."""
+        return Sampler(0.0 if self.temperature is None else self.temperature,
+                       top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed)
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

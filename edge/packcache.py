@@ -1,8 +1,9 @@
 """The edge's local pack cache: verified packs on disk, decoded contexts in a small LRU.
 
 A pack enters the cache only after its content hash, every checksum and its model
-fingerprint check out; a broken transfer stays as `<id>.part` and resumes from its size
-(`kvedge.common.fsutil.PartFile`, the same resumable transfer uploads use).
+fingerprint check out, read from the file mapped from disk (never copied into memory whole:
+packs can be hundreds of MB); a broken transfer stays as `<id>.part` and resumes from its
+size (`kvedge.common.fsutil.PartFile`, the same resumable transfer uploads use).
 Packs of the KBs this edge serves are pinned; others are evicted least-recently-used when
 the cache is over its byte budget.
 """
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.common.fsutil import PartFile
-from kvedge.common.pack.container import PACK_ID
+from kvedge.common.pack.container import PACK_ID, open_container
 from kvedge.common.pack.container import pack_id as content_id
 from kvedge.common.pack.errors import PackCorrupt, PackError
-from kvedge.common.pack.format import open_pack
+from kvedge.common.pack.format import Pack
 
 
 @dataclass
@@ -65,13 +66,16 @@ class PackCache:
     def commit(self, pack_id: str) -> int:
         """Verify the finished transfer and move it into the cache; returns its size.
         A pack that fails verification is deleted and PackCorrupt/ModelMismatch raised."""
-        return len(self._part(pack_id).finish(self.path(pack_id),
-                                              lambda data: self._verify(pack_id, data)))
+        return self._part(pack_id).finish(self.path(pack_id),
+                                          lambda data: self._verify(pack_id, data))
 
-    def _verify(self, pack_id: str, data: bytes) -> None:
+    def _verify(self, pack_id: str, data: memoryview) -> None:
+        """`open_pack`'s checks and then every checksum, over the mapped file in place
+        (`open_pack` itself would copy it into bytes)."""
         if content_id(data) != pack_id:
             raise PackCorrupt("content hash does not match the pack id")
-        pack = open_pack(data, self.fingerprint)
+        pack = Pack(data, open_container(data))
+        pack.check_model(self.fingerprint)
         pack.container.verify_payload()
         damaged = pack.container.first_damaged()
         if damaged is not None:

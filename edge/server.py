@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from kvedge.common.auth import TokenStore, check_name, write_secret
-from kvedge.common.errors import Cancelled, DeadlineExceeded, InvalidRequest
+from kvedge.common.errors import Cancelled, DeadlineExceeded
 from kvedge.common.generate import Sampler
 from kvedge.common.metrics import request_log
 from kvedge.common.proto import kvedge_pb2 as pb
@@ -61,18 +60,11 @@ class EdgeService(pb_grpc.EdgeServicer):
 
 
 def sampler_of(request: pb.AskRequest) -> Sampler:
-    """The request's sampling fields (unset: greedy, top_p 1, unseeded), range-checked by
-    Sampler itself; out of range is InvalidRequest."""
-    top_p = request.top_p if request.HasField("top_p") else 1.0
-    seed = request.seed if request.HasField("seed") else None
-    try:
-        if not math.isfinite(request.temperature):  # NaN passes Sampler's comparisons
-            raise ValueError("temperature must be a finite number")
-        return Sampler(request.temperature, top_p=top_p, seed=seed)
-    except ValueError as err:
-        raise InvalidRequest(f"bad sampling fields (temperature={request.temperature}, "
-                             f"top_p={top_p}): {err}; leave them unset for greedy answers") \
-            from None
+    """The request's sampling fields (unset: greedy, top_p 1, unseeded); Sampler checks their
+    ranges (out of range is InvalidRequest)."""
+    return Sampler(request.temperature,
+                   top_p=request.top_p if request.HasField("top_p") else 1.0,
+                   seed=request.seed if request.HasField("seed") else None)
 
 
 def serve(engine: EdgeEngine, state_dir: Path, address: str = "127.0.0.1:50052",

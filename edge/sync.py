@@ -63,7 +63,8 @@ class Syncer:
         self.targets = targets
         self.detokenize = detokenize
         self.last_error: str | None = None
-        self.fetched_bytes = self.fetched_packs = 0  # since start (edge.metrics reports them)
+        # since start (edge.metrics reports them); bytes: of packs and of kvtc transforms
+        self.fetched_bytes = self.fetched_packs = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -154,6 +155,7 @@ class Syncer:
         TransformMismatch and nothing is installed."""
         for digest in sorted(d for d in digests if not self.transforms.has(d)):
             data = self.client.fetch_transform(namespace, digest)
+            self.fetched_bytes += len(data)
             self.transforms.add(digest, data)
             log.info("installed kvtc transform %s… (%d bytes)", digest[:16], len(data))
 

@@ -79,11 +79,15 @@ def test_a_stop_string_ends_the_answer_and_is_left_out(edge):
 
 
 @pytest.mark.parametrize("fields,match", [
-    (dict(temperature=-0.5), "bad sampling fields"),
-    (dict(temperature=float("nan")), "finite"),
-    (dict(temperature=float("inf")), "finite"),
-    (dict(top_p=0.0), "bad sampling fields"),  # unset is 1; an explicit 0 is refused
-    (dict(top_p=1.5), "bad sampling fields"),
+    (dict(temperature=-0.5), "temperature must be a finite number in"),
+    (dict(temperature=float("nan")), "temperature must be a finite number in"),
+    (dict(temperature=float("inf")), "temperature must be a finite number in"),
+    (dict(temperature=3.0), r"temperature must be a finite number in \[0, 2\]"),  # OpenAI's cap
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),  # unset is 1; an explicit 0 is refused
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(top_p=float("nan")), "top_p must be in"),
+    (dict(seed=-1), r"seed must be in 0..2\*\*63-1"),  # int64 carries no seed above the range
+    (dict(seed=-2**63), "seed must be in"),
     (dict(stop=["a", "b", "c", "d", "e"]), "at most 4 stop strings"),
     (dict(stop=[""]), "stop strings of 1-256"),
     (dict(stop=["x" * 257]), "stop strings of 1-256"),
@@ -96,6 +100,14 @@ def test_bad_values_are_invalid_argument(edge, fields, match):
         list(edge["client"].stub.Ask(request, metadata=metadata(edge["token"]), timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("InvalidRequest: ")
+
+
+def test_the_limits_themselves_are_accepted(edge):
+    """The ends of each range answer; a seed above them cannot even be sent (int64)."""
+    assert ask(edge, temperature=2.0, top_p=1.0, seed=2**63 - 1)[1].tokens > 0
+    assert ask(edge, temperature=0.0, seed=0)[1].answer == ask(edge)[1].answer
+    with pytest.raises(ValueError):
+        pb.AskRequest(seed=2**64)
 
 
 def test_kvctl_ask_sends_the_sampling_flags(edge):

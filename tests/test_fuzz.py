@@ -29,6 +29,7 @@ from kvedge.common.errors import KvedgeError
 from kvedge.common.kbfiles import MAX_FILE_BYTES
 from kvedge.common.models import load_model
 from kvedge.common.pack.codecs import get_codec
+from kvedge.common.pack.codecs.kvtc import default_store
 from kvedge.common.pack.errors import ModelMismatch, PackCorrupt, PackError
 from kvedge.common.pack.format import read_pack
 from kvedge.common.proto import kvedge_pb2 as pb
@@ -63,6 +64,8 @@ def cloud(tmp_path_factory):
     with CloudClient(gateway.address, gateway.token) as client:
         client.upload(kb, "default", "kb")
         gateway.info = client.wait_ready("default", "kb", timeout=180)
+    # kvtc transforms the gateway can serve (its KVEDGE_HOME is this process's), if any
+    gateway.transforms = sorted(p.stem for p in default_store().root.glob("*.kvtc"))
     gateway.channel = grpc.insecure_channel(gateway.address)
     yield gateway
     gateway.channel.close()
@@ -223,13 +226,18 @@ def cloud_request(method, data, cloud):
         return pb.FetchPackRequest(namespace=data.draw(namespaces),
                                    pack_id=data.draw(hashes(*packs)),
                                    offset=data.draw(int64))
+    if method == "FetchTransform":
+        return pb.FetchTransformRequest(namespace=data.draw(namespaces),
+                                        digest=data.draw(hashes(*cloud.transforms, *packs)))
     if method == "SubmitJob":
         return job_request(data)
+    assert method in ("GetJob", "WatchJob", "CancelJob"), f"no strategy for {method}"
     return pb.JobRef(namespace=data.draw(namespaces), job_id=data.draw(st.text(max_size=40)))
 
 
-CLOUD_METHODS = sorted(pb.DESCRIPTOR.services_by_name["Cloud"].methods_by_name)
-STREAMING = {"FetchPack", "WatchJob"}
+CLOUD = pb.DESCRIPTOR.services_by_name["Cloud"]
+CLOUD_METHODS = sorted(CLOUD.methods_by_name)
+STREAMING = {m.name for m in CLOUD.methods if m.server_streaming}  # read to their end
 
 
 # ---------------------------------------------------------------------- RPC fields
@@ -270,7 +278,24 @@ def ask_request(data):
         # valid lengths stay short: a random-weight model rarely stops by itself
         max_new_tokens=data.draw(st.one_of(st.integers(-3, 3), st.integers(1025, 2**31 - 1),
                                            st.integers(-2**31, 0))),
-        options=options)
+        options=options, **sampling_fields(data))
+
+
+def sampling_fields(data) -> dict:
+    """temperature, top_p, seed and stop: in range three requests in four (so that answers
+    are still reached, sampled and stopped), else wild: NaN, infinities, out-of-range
+    numbers, negative seeds, bad stop lists."""
+    if data.draw(st.sampled_from([True, True, True, False])):
+        return {"temperature": data.draw(st.one_of(st.just(0.0), st.floats(0, 2))),
+                "top_p": data.draw(st.one_of(st.none(), st.floats(0, 1, exclude_min=True))),
+                "seed": data.draw(st.one_of(st.none(), st.integers(0, 2**63 - 1))),
+                "stop": data.draw(st.lists(st.text(min_size=1, max_size=8), max_size=4))}
+    return {"temperature": data.draw(floats),
+            "top_p": data.draw(st.one_of(st.none(), floats)),  # None: the field left unset
+            "seed": data.draw(st.one_of(st.none(), int64)),
+            "stop": data.draw(st.lists(st.one_of(st.text(max_size=8),
+                                                 st.sampled_from(["", "x" * 257, "\x00"])),
+                                       max_size=6))}
 
 
 def test_ask_answers_bad_fields_with_named_errors_and_memory_stays_bounded(edge, untouched):

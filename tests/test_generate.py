@@ -46,5 +46,7 @@ def test_sampling_is_seeded_and_topk1_is_greedy():
     assert run(hot) != run(Sampler(temperature=1.5, seed=8))
     assert run(Sampler(temperature=1.0, top_k=1, seed=3)) == greedy_answer(rt, ids.tolist(), 10)
     assert run(Sampler(temperature=1.0, top_p=1e-6, seed=3)) == greedy_answer(rt, ids.tolist(), 10)
-    with pytest.raises(ValueError):
+    from kvedge.common.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest):
         Sampler(temperature=-1)

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -191,6 +192,10 @@ def test_unknown_models_are_404_with_openai_error_shape(edge):
 
 @pytest.mark.parametrize("kw,param", [
     (dict(temperature=5), "temperature"),
+    (dict(temperature=3.0), "temperature"),  # OpenAI's range is [0, 2]
+    (dict(top_p=0), "top_p"),
+    (dict(seed=2**64), "seed"),  # beyond int64: what a torch generator takes
+    (dict(seed=-1), "seed"),
     (dict(max_tokens=0), "max_tokens"),
     (dict(n=2), "n"),
     (dict(extra_body={"logit_bias": {"1": 5}}), "logit_bias"),
@@ -205,6 +210,21 @@ def test_bad_parameters_are_400_naming_the_field(edge, kw, param):
         chat(edge, **{"model": "default/reg", **kw})
     assert err.value.status_code == 400 and err.value.param == param
     assert err.value.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("field", ['"temperature": NaN', '"temperature": Infinity',
+                                   '"top_p": NaN'])
+def test_sampling_fields_that_are_no_number_are_400(edge, field):
+    """JSON as Python writes it (OpenAI's client refuses to send NaN): checked by Sampler,
+    as over gRPC, not left to become a 500 deep in sampling."""
+    body = '{"model": "reg", "messages": [{"role": "user", "content": "hi"}], %s}' % field
+    reply = httpx.post(f"{edge['url']}/chat/completions", content=body, timeout=30,
+                       headers={"authorization": f"Bearer {edge['token']}",
+                                "content-type": "application/json"})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["type"] == "invalid_request_error"
+    assert error["param"] == field.split('"')[1] and error["code"] == "invalid_request"
+    assert "must be" in error["message"]
 
 
 def test_a_question_needs_a_user_message(edge):

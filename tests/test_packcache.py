@@ -1,5 +1,6 @@
 """The edge's pack cache alone: resumable transfers, verification before entry, LRU eviction."""
 import os
+import tracemalloc
 
 import pytest
 import torch
@@ -10,11 +11,11 @@ from kvedge.edge.packcache import PackCache
 FP, OTHER_FP, TOK = "ab" * 32, "ef" * 32, "cd" * 32
 
 
-def make_pack(seed: int, fingerprint: str = FP, tokens: int = 12) -> bytes:
-    """A real pack of a tiny random context (2 layers, 2 KV heads, head dim 8)."""
+def make_pack(seed: int, fingerprint: str = FP, tokens: int = 12, head_dim: int = 8) -> bytes:
+    """A real pack of a small random context (2 layers, 2 KV heads of `head_dim`)."""
     g = torch.Generator().manual_seed(seed)
-    keys = [torch.randn(2, tokens, 8, generator=g) for _ in range(2)]
-    values = [torch.randn(2, tokens, 8, generator=g) for _ in range(2)]
+    keys = [torch.randn(2, tokens, head_dim, generator=g) for _ in range(2)]
+    values = [torch.randn(2, tokens, head_dim, generator=g) for _ in range(2)]
     ctx = KVContext.from_dense(keys, values, [1000 + 20 * seed + t for t in range(tokens)],
                                model_fingerprint=fingerprint, tokenizer_id=TOK,
                                summaries=False)
@@ -93,6 +94,29 @@ def test_a_damaged_pack_under_its_own_hash_fails_its_checksums(cache, packs):
     with pytest.raises(PackCorrupt):
         put(cache, bytes(data))
     assert leftovers(cache) == []
+
+
+def test_committing_a_big_pack_verifies_it_in_place(cache):
+    """Every check (content hash, model, checksums) reads the fetched file mapped from disk:
+    committing a 4 MB pack allocates a small fraction of it (the manifest, the hashers)."""
+    data = make_pack(0, tokens=1024, head_dim=256)
+    assert len(data) > 4 << 20
+    pid = pack_id(data)
+    cache.append(pid, 0, data)
+    tracemalloc.start()
+    try:
+        assert cache.commit(pid) == len(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) // 8, peak
+    assert cache.path(pid).read_bytes() == data and leftovers(cache) == [f"{pid}.kvp"]
+    bad = bytearray(data)
+    bad[-5] ^= 0x01  # under its own hash: only the checksums, read in place too, notice
+    cache.append(pack_id(bad), 0, bytes(bad))
+    with pytest.raises(PackCorrupt, match="checksum mismatch"):
+        cache.commit(pack_id(bad))
+    assert leftovers(cache) == [f"{pid}.kvp"]
 
 
 def test_a_pack_of_another_model_is_refused_and_deleted(cache):

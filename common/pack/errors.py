@@ -66,9 +66,10 @@ class TransformMissing(PackError):
 
     def __init__(self, digest: str, where: str):
         self.digest = digest
-        super().__init__(f"kvtc transform {digest[:16]}… is not in {where}: copy the file "
-                         f"{digest}.kvtc from the cloud's transform folder there, or re-encode "
-                         "the pack with kvtc's embed=true (the transform travels inside it)")
+        super().__init__(f"kvtc transform {digest[:16]}… is not in {where}: an edge's sync "
+                         "fetches it from the gateway with the KB's packs (if a sync failed, "
+                         "its log says why); if the gateway lacks it too, re-encode the KB with "
+                         "kvtc's embed=true (the transform then travels inside each pack)")
 
 
 class TransformMismatch(PackError):
@@ -79,5 +80,6 @@ class TransformMismatch(PackError):
 
     def __init__(self, digest: str, what: str):
         self.digest = digest
-        super().__init__(f"kvtc transform {digest[:16]}…: {what}. Delete the file and copy it "
-                         "again from the cloud's transform folder")
+        super().__init__(f"kvtc transform {digest[:16]}…: {what}. A damaged file on an edge: "
+                         "delete it, its next sync fetches it again; the gateway's own copy "
+                         "damaged: re-encode the KB with kvtc's embed=true")
