@@ -80,8 +80,9 @@ class _Counts:
 
     def collect(self):
         if self.syncer is not None:
-            yield CounterMetricFamily("kvedge_edge_sync_fetched_bytes", "pack and kvtc transform "
-                                      "bytes fetched from the cloud", value=self.syncer.fetched_bytes)
+            yield CounterMetricFamily("kvedge_edge_sync_fetched_bytes", "pack and kvtc "
+                                      "transform bytes fetched from the cloud",
+                                      value=self.syncer.fetched_bytes)
             yield CounterMetricFamily("kvedge_edge_sync_fetched_packs", "packs fetched from the "
                                       "cloud and verified", value=self.syncer.fetched_packs)
         if self.cache is not None:
