@@ -10,6 +10,7 @@ from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, Registry
 from kvedge.common.config import configurable
 from kvedge.common.models import DEFAULT_MODEL
 from kvedge.common.tls import ca_option, server_options
+from kvedge.edge import DEFAULT_STRATEGY
 
 
 def _strategies():
@@ -63,7 +64,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--state", "state_dir", type=click.Path(), default=None,
               help="pack cache and KB manifests [default: $KVEDGE_HOME/edge]")
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True)
-@click.option("--strategy", default="a3", show_default=True, type=RegistryChoice(_strategies),
+@click.option("--strategy", default=DEFAULT_STRATEGY, show_default=True,
+              type=RegistryChoice(_strategies),
               help="default reuse strategy")
 @click.option("--top-k", default=3, show_default=True)
 @click.option("--max-new-tokens", default=48, show_default=True)

@@ -43,6 +43,7 @@ from starlette.exceptions import HTTPException
 from kvedge.common.auth import Principal, TokenStore
 from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, NotFound
 from kvedge.common.generate import Sampler
+from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.common.metrics import RequestLog, RequestLogMiddleware, request_log
 from kvedge.edge.engine import MAX_NEW_TOKENS, MAX_TOP_K, AskResult, EdgeEngine
 from kvedge.edge.metrics import EdgeMetrics
@@ -183,7 +184,7 @@ class OpenAIApi:
     engine: EdgeEngine
     tokens: TokenStore
     targets: list[Target]  # the KBs this edge serves: its models
-    strategy: str = "a3"
+    strategy: str = DEFAULT_STRATEGY
     top_k: int = 3
     max_new_tokens: int = 48
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)  # the daemon's, shared with gRPC

@@ -14,6 +14,7 @@ from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import principal, rpc_errors, serve_grpc
 from kvedge.common.tls import ServerTLS
+from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.edge.engine import AskResult, EdgeEngine
 from kvedge.edge.metrics import EdgeMetrics
 from kvedge.edge.sync import Target
@@ -22,7 +23,8 @@ log = logging.getLogger("kvedge.edge")
 
 
 class EdgeService(pb_grpc.EdgeServicer):
-    def __init__(self, engine: EdgeEngine, tokens: TokenStore, *, default_strategy: str = "a3",
+    def __init__(self, engine: EdgeEngine, tokens: TokenStore, *,
+                 default_strategy: str = DEFAULT_STRATEGY,
                  top_k: int = 3, max_new_tokens: int = 48, metrics: EdgeMetrics | None = None):
         self.engine, self.tokens = engine, tokens
         self.metrics = metrics if metrics is not None else EdgeMetrics()

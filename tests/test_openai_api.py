@@ -21,6 +21,7 @@ from kvedge.common.auth import TokenStore
 from kvedge.common.cloud_client import CloudClient
 from kvedge.common.edge_client import EdgeClient
 from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.edge import DEFAULT_STRATEGY
 
 MODEL = "tiny-llama"
 DOCS = {"alpha.md": "# Alpha\n\nThe alpha code is 1234567.\n\nAlpha is a small harbour town.\n",
@@ -122,7 +123,7 @@ def test_a_completion_reports_usage_and_reuse_costs(edge):
     assert out.usage.completion_tokens <= 6 and out.usage.prompt_tokens > 20
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     costs = out.kvedge
-    assert costs["strategy"] == "a3" and costs["ttft_s"] > 0 and costs["bytes_loaded"] > 0
+    assert costs["strategy"] == DEFAULT_STRATEGY and costs["ttft_s"] > 0 and costs["bytes_loaded"] > 0
     assert costs["kv_bytes"] > 0 and costs["fp16_bytes"] > 0 and costs["segments"]
     # the same answer without `default/`; greedy by default, so it repeats
     assert chat(edge, "reg").choices[0].message.content == choice.message.content

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from kvedge.common.errors import UnknownStrategy
+from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
 from kvedge.edge.strategies.registry import STRATEGIES
 from kvedge.edge.strategies import (  # noqa: F401 - each module registers its strategy
@@ -17,10 +18,11 @@ from kvedge.edge.strategies import (  # noqa: F401 - each module registers its s
 )
 
 
+
 def get_strategy(name: str, options: Mapping[str, Any] | None = None) -> ReuseStrategy:
     """The strategy `name` with `options` (strings or values) checked against its fields."""
     return STRATEGIES.create(name, options)
 
 
-__all__ = ["STRATEGIES", "UnknownStrategy", "get_strategy", "Composed", "Plan", "ReuseStrategy",
-           "assemble_cache"]
+__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "UnknownStrategy", "get_strategy", "Composed", "Plan",
+           "ReuseStrategy", "assemble_cache"]
