@@ -195,12 +195,13 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     from kvedge.common.models import load_model
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.packcache import PackCache
-    from kvedge.edge.strategies import get_strategy
+    from kvedge.edge.strategies import DEFAULT_STRATEGY, get_strategy
     from kvedge.edge.sync import Target
 
     loaded = load_model(model)
     engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state)
-    chosen, target = get_strategy(strategy or "a3"), Target("default", "load")
+    chosen = get_strategy(strategy or DEFAULT_STRATEGY)  # what the edge's rounds used
+    target = Target("default", "load")
 
     def one(question: str) -> tuple[float, int, str]:
         start, first = time.perf_counter(), None

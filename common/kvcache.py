@@ -9,7 +9,8 @@ A request's cache is a `KVCache`: one layer per transformer layer, the *extent* 
 ragged head that evicted it keeps nothing — and a fresh token (outside it) is inserted at its
 position in every head, after the held ones or between them (SparseX Sec. 3–4: fresh text
 between cached segments). Every write returns its undo, so a failed forward restores the cache
-exactly. Buffers are preallocated and grow by doubling, gpt-fast style.
+exactly. Buffers are preallocated and grow by doubling, gpt-fast style; `extend` is the append
+alone, for a caller that knows its tokens lie past everything held (the batched decode step).
 """
 from __future__ import annotations
 
@@ -115,13 +116,21 @@ class HeadBuffer:
         n, m = self.n, pos.numel()
         if m == 0:
             return _nothing
+        if n == 0 or int(pos[0]) > int(self.pos[n - 1]):  # after everything held
+            return self.extend(pos, k, v)
         if n + m > self.pos.numel():
             self._grow(n + m)
-        if n == 0 or int(pos[0]) > int(self.pos[n - 1]):  # after everything held: append
-            self.k[:, n: n + m], self.v[:, n: n + m], self.pos[n: n + m] = k, v, pos
-            self.n = n + m
-            return lambda: setattr(self, "n", n)
         return self._merge(pos, k, v)
+
+    def extend(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Undo:
+        """Fresh K/V (H, m, D) at positions (m,) after every held one, appended without looking
+        (the caller knows: a decoded token lies past its cache's extent); returns the undo."""
+        n, m = self.n, pos.numel()
+        if n + m > self.pos.numel():
+            self._grow(n + m)
+        self.k[:, n: n + m], self.v[:, n: n + m], self.pos[n: n + m] = k, v, pos
+        self.n = n + m
+        return lambda: setattr(self, "n", n)
 
     def _merge(self, pos, k, v) -> Undo:
         """Insert between held positions: the held tail after the first insertion point moves
@@ -198,6 +207,10 @@ class DenseKV:
     def append(self, pos, k, v) -> Undo:
         return self.buf.insert(pos, k, v)
 
+    def extend(self, pos, k, v) -> Undo:
+        """See `HeadBuffer.extend`: positions after every held one (decode's hot path)."""
+        return self.buf.extend(pos, k, v)
+
     def truncate(self, last_pos: int) -> None:
         self.buf.truncate(last_pos)
 
@@ -254,6 +267,11 @@ class RaggedKV:
 
     def append(self, pos, k, v) -> Undo:
         return _chain([head.insert(pos, k[h: h + 1], v[h: h + 1])
+                       for h, head in enumerate(self.head_buffers)])
+
+    def extend(self, pos, k, v) -> Undo:
+        """See `HeadBuffer.extend`: positions after every one any head holds."""
+        return _chain([head.extend(pos, k[h: h + 1], v[h: h + 1])
                        for h, head in enumerate(self.head_buffers)])
 
     def truncate(self, last_pos: int) -> None:
@@ -318,8 +336,16 @@ class Extent:
             hit |= (pos >= start) & (pos < stop)
         return hit
 
+    def __contains__(self, pos: int) -> bool:
+        """Whether one position lies in the extent (plain ints: decode asks per token)."""
+        return any(start <= pos < stop for start, stop in self.spans)
+
     def add(self, positions: torch.Tensor) -> None:
         self.spans = _merged(self.spans + _runs(positions))
+
+    def add_one(self, pos: int) -> None:
+        """`add` of one position, without tensors (decode adds one per token)."""
+        self.spans = _merged(self.spans + [(pos, pos + 1)])
 
     def truncate(self, last_pos: int) -> None:
         self.spans = [(a, min(b, last_pos + 1)) for a, b in self.spans if a <= last_pos]

@@ -15,8 +15,8 @@ import torch
 from conftest import TINY, tiny_runtime
 from kvedge.bench.load import sync_local_kb
 from kvedge.cloud.workers import PrefillEngine
-from kvedge.common.batch import decode_logits
-from kvedge.common.errors import Cancelled, DeadlineExceeded
+from kvedge.common.batch import decode_logits, decode_step
+from kvedge.common.errors import CacheError, Cancelled, DeadlineExceeded
 from kvedge.common.generate import Decoding, Sampler
 from kvedge.common.models import load_model
 from kvedge.common.proto import kvedge_pb2 as pb
@@ -40,13 +40,20 @@ QUESTIONS = [f"What is the {name} code?" for name in
 # ---------------------------------------------------------------- the batched step
 
 
-def started(rt, n_context, ragged, seed):
-    """A request decoding over `n_context` cached tokens (dense, or ragged: head h keeps every
-    (h+1)-th position), after a 3-token question."""
+def started(rt, kind, n_context, seed):
+    """A request decoding over `n_context` cached tokens after a 3-token question: "dense",
+    "ragged" (head h keeps every (h+1)-th position) or "gapped" (dense, with a hole of 12
+    positions mid-context where a 1-token question sits and its answer goes: a token between
+    held positions, which the general write path inserts)."""
     ids = torch.randint(0, 300, (n_context + 3,), generator=torch.Generator().manual_seed(seed))
     pre = rt.prefill(ids[:n_context])
     everything = torch.arange(n_context)
-    if ragged:
+    if kind == "gapped":
+        half = n_context // 2
+        held = torch.cat([everything[:half], everything[half:] + 12])
+        cache = rt.dense_cache(pre.keys, pre.values, held, reserve=8)
+        return Decoding.start(rt, cache, ids[n_context:][:1], torch.tensor([half]), 11)
+    if kind == "ragged":
         keep = [[everything[::h + 1] for h in range(rt.n_kv)] for _ in range(rt.n_layers)]
         split = [[[x[h, kept] for h, kept in enumerate(k)] for x, k in zip(xs, keep)]
                  for xs in (pre.keys, pre.values)]
@@ -56,26 +63,81 @@ def started(rt, n_context, ragged, seed):
     return Decoding.start(rt, cache, ids[n_context:], torch.arange(n_context, n_context + 3), 8)
 
 
+# requests of different lengths and kinds, sharing steps (31 > tiny-mistral's window of 24)
+REQUESTS = [("dense", 9), ("ragged", 23), ("gapped", 14), ("ragged", 31), ("dense", 5)]
+
+
 @pytest.mark.parametrize("name", TINY)
 def test_a_batched_step_equals_each_forward_alone(name):
-    """Five requests of different lengths, dense and ragged, in one step: each row equals
+    """Requests of different lengths, dense, ragged and gapped, in one step: each row equals
     Runtime.forward of that request alone, and equals exactly its own step alone."""
     rt = tiny_runtime(name)
-    specs = [(9, False), (23, True), (14, False), (31, True), (5, False)]
-    batch = [started(rt, n, ragged, seed) for seed, (n, ragged) in enumerate(specs)]
+    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
     ids = torch.tensor([s.token for s in batch])
     pos = torch.tensor([s.next_position() for s in batch])
     together = decode_logits(rt, ids, pos, batch)
-    for i, (n, ragged) in enumerate(specs):
-        state = started(rt, n, ragged, i)
+    for i, (kind, n) in enumerate(REQUESTS):
+        state = started(rt, kind, n, i)
         alone = decode_logits(rt, ids[i:i + 1], pos[i:i + 1], [state])[0]
         assert torch.equal(alone, together[i])  # no matter what else shares the step
-        state = started(rt, n, ragged, i)
+        state = started(rt, kind, n, i)
         reference = rt.forward(ids[i:i + 1], pos[i:i + 1], state.cache, seq_len=state.seq_len)
         torch.testing.assert_close(together[i], reference.logits[-1], atol=1e-5, rtol=1e-4)
-        state = started(rt, n, ragged, i)  # unpadded, one request is exactly the forward
+        state = started(rt, kind, n, i)  # unpadded, one request is exactly the forward
         unpadded = decode_logits(rt, ids[i:i + 1], pos[i:i + 1], [state], row_multiple=1)
         assert torch.equal(unpadded[0], reference.logits[-1])
+
+
+def test_steps_in_a_batch_equal_steps_alone():
+    """Ten steps, each cache growing past its reserve: every request picks the same tokens
+    and ends with the same cache as when it is stepped alone."""
+    rt = tiny_runtime("tiny-mistral")
+    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    together = [decode_step(rt, batch) for _ in range(10)]
+    for i, (kind, n) in enumerate(REQUESTS):
+        state = started(rt, kind, n, i)
+        assert [decode_step(rt, [state])[0] for _ in range(10)] == [t[i] for t in together]
+        assert same(cache_state(state), cache_state(batch[i]))
+
+
+def cache_state(state):
+    """Everything a step may change: each head group's K/V and positions, the extent, the
+    request's position and token."""
+    return ([[(g.keys.clone(), g.values.clone(), g.positions.clone()) for g in layer.heads()]
+             for layer in state.cache], list(state.cache.extent.spans), state.position,
+            state.token)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral"])
+def test_a_failed_step_leaves_every_cache_as_it_was(name, monkeypatch):
+    rt = tiny_runtime(name)
+    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    before = [cache_state(s) for s in batch]
+    calls, post_attention = [], rt.post_attention
+
+    def fails_in_layer_2(*args):
+        calls.append(None)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return post_attention(*args)
+
+    monkeypatch.setattr(rt, "post_attention", fails_in_layer_2)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decode_step(rt, batch)
+    assert same([cache_state(s) for s in batch], before)
+    batch[1].position = 2  # its next token would land inside its context
+    with pytest.raises(CacheError, match="inside the cache's context"):
+        decode_step(rt, batch)
+    batch[1].position = before[1][2]
+    assert same([cache_state(s) for s in batch], before)
 
 
 # ---------------------------------------------------------------- the engine and the daemon
