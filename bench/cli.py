@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from kvedge.bench.datasets import DATASETS, FACTS
+from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
 from kvedge.common.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
@@ -108,20 +108,23 @@ def _csv(kind=str):
 
 def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=None,
                     budgets=None, strategies=None, ratios=None, items=None,
-                    max_new_tokens=None, sweeps=None) -> Preset:
+                    max_new_tokens=None, sweeps=None, per_prompt=None) -> Preset:
     """The preset with the command line's choices; `suite` drops the other suite's cells;
     `ratios` replace every ratio list (the sweeps' too), `sweeps` ({strategy: {option:
-    values}}) set those options' values. Tasks, methods, strategies and swept options are
-    checked against their registries here, before any model loads."""
+    values}}) set those options' values; `per_prompt`: questions per fact prompt. Tasks,
+    methods, strategies, swept options and `per_prompt` are checked here, before any model
+    loads."""
     _check_names(tasks, methods, strategies)
     p = replace(p, also=[apply_overrides(q, suite=suite, tasks=tasks, lengths=lengths,
                                          methods=methods, budgets=budgets, strategies=strategies,
                                          ratios=ratios, items=items,
-                                         max_new_tokens=max_new_tokens, sweeps=sweeps)
+                                         max_new_tokens=max_new_tokens, sweeps=sweeps,
+                                         per_prompt=per_prompt)
                          for q in p.also])
     p = replace(p, **{k: v for k, v in dict(items=items, max_new_tokens=max_new_tokens,
                                             methods=methods, budgets=budgets,
-                                            strategies=strategies, ratios=ratios).items()
+                                            strategies=strategies, ratios=ratios,
+                                            per_prompt=per_prompt).items()
                       if v is not None})
     if ratios is not None:
         p = replace(p, sweeps={n: {**sw, "ratio": ratios} if "ratio" in sw else sw
@@ -138,7 +141,21 @@ def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=
         p = replace(p, reuse_tasks=[])
     elif suite == "reuse":
         p = replace(p, evict_tasks=[])
+    _check_per_prompt(p)
     return p
+
+
+def _check_per_prompt(p: Preset) -> None:
+    """Fact prompts of n documents hold 3n distinct questions (FACT_KINDS each)."""
+    from kvedge.bench.tasks.multidoc import FACT_KINDS
+
+    if not p.per_prompt or FACTS not in p.reuse_tasks:
+        return
+    fewest = min(p.reuse_lengths, default=0)
+    if p.per_prompt > len(FACT_KINDS) * fewest:
+        raise click.BadParameter(
+            f"--questions-per-prompt {p.per_prompt}: {fewest} {FACTS} documents hold "
+            f"{len(FACT_KINDS) * fewest} distinct questions; ask fewer or use more documents")
 
 
 def _check_sweeps(sweeps: dict) -> None:
@@ -236,6 +253,9 @@ def bench():
               help=f"items per cell (questions, for {', '.join(DATASETS)})")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=None,
               help="decode budget floor (questions with long references get more)")
+@click.option("--questions-per-prompt", "per_prompt", type=click.IntRange(1), default=None,
+              help=f"{FACTS}: questions asked of each prompt [default: {QUESTIONS_PER_PROMPT}], "
+              "up to 3 per document; another value makes other cells (their key records it)")
 @click.option("--anchored", is_flag=True,
               help="reuse packs prefilled behind the chat prefix (`kvctl cloud up --anchored`); "
               "cells do not record it: give such a run its own --out")

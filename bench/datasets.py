@@ -9,7 +9,8 @@ in the model's tokens; the reuse suite keeps multi-document items' documents apa
 cuts long ones into the cloud's ingest segments), the eviction suite asks every question of
 the one joined context. Fact documents (`multidoc-facts`, the reuse preset's prompts): `length`
 documents about structures holding the same kinds of fact, each question answered by one of
-them; `n_items` counts questions, asked QUESTIONS_PER_PROMPT per prompt.
+them; `n_items` counts questions, asked `per_prompt` to a prompt (default
+QUESTIONS_PER_PROMPT; at most FACT_KINDS per document, spread over the documents).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.bench.tasks import Question
-from kvedge.bench.tasks.multidoc import FACTS, fact_documents
+from kvedge.bench.tasks.multidoc import FACT_KINDS, FACTS, fact_documents
 
 PER_CONTEXT = 3  # questions per KBQA context
 QUESTIONS_PER_PROMPT = 2  # fact-document prompts: more questions per prompt, fewer prompts
@@ -100,14 +101,20 @@ def generated_items(task: str, suite: str, length: int, n_items: int, seed: int,
 
 
 def fact_items(length: int, n_questions: int, seed: int, tokenizer=None,
-               doc_tokens: int | None = None) -> list[QAItem]:
+               doc_tokens: int | None = None,
+               per_prompt: int = QUESTIONS_PER_PROMPT) -> list[QAItem]:
     """`n_questions` questions over prompts of `length` fact documents (kvedge.bench.tasks.
     multidoc.fact_documents) of about `doc_tokens` tokens each (default the generator's
-    500), QUESTIONS_PER_PROMPT to a prompt, the last maybe fewer."""
+    500), `per_prompt` to a prompt, the last maybe fewer. Prompt i is seed + i whatever
+    `per_prompt` is, and its first questions do not depend on it either: more per prompt
+    asks more of the same prompts' facts."""
+    if not 1 <= per_prompt <= len(FACT_KINDS) * length:
+        raise ValueError(f"{length} fact documents hold {len(FACT_KINDS) * length} distinct "
+                         f"questions; ask 1 to that many per prompt, not {per_prompt}")
     count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
     items = []
-    for i, first in enumerate(range(0, n_questions, QUESTIONS_PER_PROMPT)):
-        k = min(QUESTIONS_PER_PROMPT, n_questions - first)
+    for i, first in enumerate(range(0, n_questions, per_prompt)):
+        k = min(per_prompt, n_questions - first)
         item = fact_documents(length, seed + i, questions=k,
                               **({"count_tokens": count} if count else {}),
                               **({"doc_tokens": doc_tokens} if doc_tokens else {}))
@@ -119,11 +126,15 @@ def fact_items(length: int, n_questions: int, seed: int, tokenizer=None,
 
 
 def load_items(task: str, suite: str, length: int, n_items: int, seed: int,
-               tokenizer=None, doc_tokens: int | None = None) -> list[QAItem]:
+               tokenizer=None, doc_tokens: int | None = None,
+               per_prompt: int | None = None) -> list[QAItem]:
+    """The cell's items; `doc_tokens` and `per_prompt` (None: QUESTIONS_PER_PROMPT) shape
+    fact prompts only."""
     if task == "demo-kb":
         return demo_kb_items(suite, length, n_items, seed)
     if task == FACTS:
         if suite != "reuse":
             raise ValueError(f"{FACTS} prompts are for the reuse suite")
-        return fact_items(length, n_items, seed, tokenizer, doc_tokens)
+        return fact_items(length, n_items, seed, tokenizer, doc_tokens,
+                          per_prompt or QUESTIONS_PER_PROMPT)
     return generated_items(task, suite, length, n_items, seed, tokenizer)

@@ -8,7 +8,9 @@ kvpress's presses are divided by kvpress's own full cache on the same items (`kv
 fp32 KV through transformers) when the results hold it, ours by our full KV (the packs' codec):
 each pipeline against its own ceiling. Reuse rows also get a frontier per task × length —
 accuracy and median TTFT as fractions of recompute's, one point per strategy setting — and,
-where a cell timed its first token by phase, the breakdown (`kvedge.bench.ttft`).
+where a cell timed its first token by phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt
+cells asked other than the default questions per prompt are their own task ("multidoc-facts
+×4").
 """
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ def _compress_ratio(r: dict) -> float | None:
     return r["compress_s"] / r["prefill_s"] if r.get("compress_s") and r.get("prefill_s") else None
 
 
+def task_label(r: dict) -> str:
+    """The task, with its questions per prompt where a run set them ("multidoc-facts ×4")."""
+    return f"{r['task']} ×{r['per_prompt']}" if r.get("per_prompt") else r["task"]
+
+
 def name(r: dict) -> str:
     """The method with its swept options ("sparsex[boundary=0.1]")."""
     return f"{r['method']}[{r['options']}]" if r.get("options") else r["method"]
@@ -57,9 +64,9 @@ def _table(names: tuple[str, str], columns: list[str], rows: list[dict], budget_
     `names`), then `rest(r)`'s cells, then q."""
     head = ["task", "length", *names, "acc", *columns, "q"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["task"], r["length"], name(r),
+    for r in sorted(rows, key=lambda r: (task_label(r), r["length"], name(r),
                                          budget_order * r["budget"])):
-        cells = [r["task"], r["length"], name(r), f"{r['budget']:g}", *map(_fmt, acc(r)),
+        cells = [task_label(r), r["length"], name(r), f"{r['budget']:g}", *map(_fmt, acc(r)),
                  *rest(r), r["questions"]]
         out.append("| " + " | ".join(map(str, cells)) + " |")
     return out
@@ -115,7 +122,7 @@ def summary(rows: list[dict]) -> dict[tuple[str, float], tuple[float, float | No
         cell[0] += a * r["questions"]
         cell[1] += (base or 0.0) * r["questions"]
         cell[2] += r["questions"]
-        cell[3].add((r["task"], r["length"]))
+        cell[3].add((task_label(r), r["length"]))
     return {k: (s / n, s / b if b else None, n, len(tasks))
             for k, (s, b, n, tasks) in pooled.items() if n}
 
@@ -130,7 +137,7 @@ def summary_table(rows: list[dict], what: str, ceiling: str) -> list[str]:
 
 
 def _groups(rows: list[dict]) -> list[tuple[str, int]]:
-    return sorted({(r["task"], r["length"]) for r in rows})
+    return sorted({(task_label(r), r["length"]) for r in rows})
 
 
 def _position_acc(r: dict, last: bool) -> str:
@@ -168,13 +175,13 @@ def breakdown_table(rows: list[dict]) -> list[str]:
             "· selection", "first token (LM head + pick)", "sum", "engine TTFT",
             "recompute TTFT", "q"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(timed, key=lambda r: (r["task"], r["length"], setting(r))):
+    for r in sorted(timed, key=lambda r: (task_label(r), r["length"], setting(r))):
         b = r["breakdown"]
         ms = [_fmt(b.get(k), ".0f", 1e3) for k in (
             "load_s", "plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
             "first_token_s", "phases_ttft_s", "engine_first_token_s")]
         out.append("| " + " | ".join(map(str, [
-            r["task"], r["length"], setting(r), *ms,
+            task_label(r), r["length"], setting(r), *ms,
             _fmt(r.get("ceiling_first_token_s_median"), ".0f", 1e3), b["questions"]])) + " |")
     return out
 
@@ -182,7 +189,7 @@ def breakdown_table(rows: list[dict]) -> list[str]:
 def frontier(rows: list[dict]) -> list[str]:
     out = []
     for task, length in _groups(rows):
-        group = [r for r in rows if (r["task"], r["length"]) == (task, length)]
+        group = [r for r in rows if (task_label(r), r["length"]) == (task, length)]
         tokens = _fmt(next((r.get("ceiling_prompt_tokens") for r in group), None), ".0f")
         out += [f"### {task} @ {length} (prompt ≈ {tokens} tokens)", "",
                 *frontier_table(group), ""]
@@ -273,7 +280,7 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
     series = sorted({name(r) for r in rows})
     style = {n: (plt.cm.tab10(i % 10), "osD^v<>p*h"[i // 10 % 10]) for i, n in enumerate(series)}
     for ax, (task, length) in zip(axes.flat, groups):
-        group = [r for r in rows if (r["task"], r["length"]) == (task, length)]
+        group = [r for r in rows if (task_label(r), r["length"]) == (task, length)]
         for n in series:
             points = sorted((r["first_token_s_median_ratio"], acc(r)[1] or 0.0, r["budget"])
                             for r in group if name(r) == n)
@@ -288,7 +295,7 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
                                 textcoords="offset points")
         ax.axhline(1.0, color="grey", linewidth=0.6, linestyle=":")
         ax.set_xscale("log")
-        unit = "documents" if task in DATASETS else "tokens"
+        unit = "documents" if group[0]["task"] in DATASETS else "tokens"
         ax.set(title=f"{task}: {length} {unit}, {max(r['questions'] for r in group)} questions",
                xlabel="median TTFT / recompute (log)", ylabel="accuracy / recompute")
         ax.legend(fontsize=6, loc="lower right")

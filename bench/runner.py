@@ -41,11 +41,15 @@ class Cell:
     seed: int = 0
     codec: str = DEFAULT_CODEC  # the documents' packs, as shipped to the edge
     options: str = ""           # the strategy's other options, "name=value,..." (reuse)
+    per_prompt: int | None = None  # questions per fact prompt (None: the dataset's
+    #                                QUESTIONS_PER_PROMPT; other tasks: always None)
 
     @property
     def key(self) -> str:
         key = (f"{self.suite}/{self.task}/{self.length}/{self.method}/{self.budget:g}/"
                f"{self.items}/{self.seed}/{self.codec}")
+        if self.per_prompt:  # other prompts, other questions: other cells
+            key = f"{key}/{self.per_prompt}-per-prompt"
         return f"{key}/{self.options}" if self.options else key  # older keys stay valid
 
     def option_values(self) -> dict[str, str]:
@@ -70,13 +74,15 @@ class Preset:
     #                                                   documents vs generated tokens)
     sweeps: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per strategy:
     #   option → values, crossed; its "ratio" list replaces `ratios` for that strategy
+    per_prompt: int | None = None  # questions per fact prompt (None: QUESTIONS_PER_PROMPT)
 
     def cells(self, codec: str = DEFAULT_CODEC) -> list[Cell]:
         cells = [c for p in self.also for c in p.cells(codec)]
         for task, length in itertools.product(self.reuse_tasks, self.reuse_lengths):
+            per_prompt = fact_prompt_size(task, self.per_prompt)
             for method in self.strategies:
                 cells += [Cell("reuse", task, length, method, r, self.items, codec=codec,
-                               options=o)
+                               options=o, per_prompt=per_prompt)
                           for r, o in settings(method, self.ratios, self.sweeps.get(method, {}))]
         for task in self.evict_tasks:
             for length in self.evict_lengths:
@@ -85,6 +91,14 @@ class Preset:
                     cells += [Cell("evict", task, length, method, b, self.items, codec=codec)
                               for b in budgets]
         return list(dict.fromkeys(cells))
+
+
+def fact_prompt_size(task: str, per_prompt: int | None) -> int | None:
+    """A cell's `per_prompt`: None unless the task is fact prompts asked other than the
+    default QUESTIONS_PER_PROMPT at a time (so default cells keep their keys)."""
+    from kvedge.bench.datasets import FACTS, QUESTIONS_PER_PROMPT
+
+    return None if task != FACTS or per_prompt == QUESTIONS_PER_PROMPT else per_prompt
 
 
 def strategies_with_ratio() -> set[str]:

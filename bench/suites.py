@@ -6,10 +6,14 @@ the pack load of an edge-cache miss); prompts are composed and answered by the e
 `EdgeEngine`; eviction is the cloud's method registry, the one batch jobs run (its `scores`
 once per context, its `keep` per budget). Packs are encoded with the cell's codec. Ceilings
 (recompute / full KV) are measured in the same process on the same items and cached per item
-and codec, so every ratio is side by side. `kvpress-*` methods are NVIDIA kvpress's presses on
-the same model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external
-reference points, never our code. A reuse cell runs one strategy setting (`Cell.options`);
-the `breakdown` strategy's cells also time its first token by phase (`kvedge.bench.ttft`).
+and codec, so every ratio is side by side. The recompute ceiling prefills each prompt once
+(`SharedContext`): its first question by a real, timed full prefill (that TTFT is the prompt's
+recompute TTFT, recorded for each of its questions), the others by their own tokens over that
+prefill's [chat prefix][documents] KV — the same tokens, up to float rounding. `kvpress-*`
+methods are NVIDIA kvpress's presses on the same model and token ids, run in a child process
+(`kvedge.bench.kvpress_ref`): external reference points, never our code. A reuse cell runs
+one strategy setting (`Cell.options`); the `breakdown` strategy's cells also time its first
+token by phase (`kvedge.bench.ttft`).
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
+
+import torch
 
 from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.runner import KVPRESS, Cell, strategies_with_ratio
@@ -50,6 +56,8 @@ class Bench:
     #                                     gateway's `anchored` ingest does (decision 9)
     doc_tokens: int | None = None       # fact documents' length (SamKV needs ≥ 1.5K-token
     #                                     documents); each then ingests as one segment
+    shared_ceiling: bool = True         # recompute prefills each prompt's context once
+    #                                     (False: a full prefill per question, to check it)
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -112,7 +120,7 @@ class Bench:
 
     def run(self, cell: Cell) -> dict:
         items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
-                           self.prefill.loaded.tokenizer, self.doc_tokens)
+                           self.prefill.loaded.tokenizer, self.doc_tokens, cell.per_prompt)
         ceilings = [o for item in items for o in self._ceiling(item, cell)]
         if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
             return summarize(ceilings, ceilings)  # the ceiling is its own cell
@@ -128,13 +136,10 @@ class Bench:
         return summarize(outcomes, ceilings)
 
     def _ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
-        from kvedge.edge.strategies import get_strategy
-
         key = (cell.suite, item.key, cell.codec)
         if key not in self._ceilings:
             name, budget = CEILING[cell.suite]
-            self._ceilings[key] = (self._reuse(item, get_strategy(name), cell.codec)
-                                   if cell.suite == "reuse"
+            self._ceilings[key] = (self._recompute(item, cell.codec) if cell.suite == "reuse"
                                    else self._evict(item, name, budget, cell.codec))
         return self._ceilings[key]
 
@@ -165,6 +170,19 @@ class Bench:
                         "answer_at": at})
         return out
 
+    def _recompute(self, item: QAItem, codec: str) -> list[dict]:
+        """The recompute ceiling's rows, one full prefill per prompt (`SharedContext`): the
+        first question's TTFT — a real full prefill's — is recorded as every question's. A
+        full prefill per question where `shared_ceiling` is off or recompute's TTFT is being
+        split by phase."""
+        from kvedge.edge.strategies import get_strategy
+
+        recompute = get_strategy("recompute")
+        if not self.shared_ceiling or recompute == self.timed:
+            return self._reuse(item, recompute, codec)
+        rows = self._reuse(item, SharedContext(), codec)
+        return [{**row, "first_token_s": rows[0]["first_token_s"]} for row in rows]
+
     def _compressed(self, item: QAItem, ctx, method: str, budget: float, codec: str):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
         computed once per (item, method, codec) and each budget only keeps its share; the
@@ -187,8 +205,6 @@ class Bench:
 
     def _prefill_seconds(self, item: QAItem, codec: str) -> float:
         """A plain prefill of the item's whole context, timed once: compression's yardstick."""
-        import torch
-
         if item.key not in self._prefill_s:
             ids = torch.tensor(self._context(item, codec).token_ids)
             start = time.perf_counter()
@@ -228,6 +244,59 @@ class Bench:
                 out.append({"answer": answer, **scores(answer, q),
                             "compress_s": result["compress_s"], "prefill_s": result["prefill_s"]})
         return out
+
+
+@dataclass
+class SharedContext:
+    """The `recompute` strategy, one full prefill per prompt. The first question's plan is
+    recompute's (a full prefill of the composed prompt); each later one runs only its own
+    tokens over a copy of that prefill's [chat prefix][documents] KV, which exact causal
+    attention makes independent of the question after it: the tokens a full prefill gives,
+    up to float rounding (other matmul shapes). For one prompt's questions, planned one
+    answer at a time; a later question whose prompt has another context length, or whose
+    RoPE length rotates by other frequencies (dynamic / longrope past their switch), gets a
+    full prefill too."""
+
+    context: object = None  # KVCache: the first prefill's, cut to [0, question_start)
+    first: object = None    # (plan, composed) of the first question, until cut to `context`
+
+    def plan(self, rt, composed, reserve: int):
+        from kvedge.edge.strategies import get_strategy
+        from kvedge.edge.strategies.base import Plan
+
+        if self.first is not None:  # the first answer is over: keep its context's KV
+            plan, prompt = self.first
+            plan.cache.truncate(prompt.question_start - 1)
+            self.context, self.first = plan.cache, None
+        if self.context is None:
+            self.first = (get_strategy("recompute").plan(rt, composed, reserve), composed)
+            return self.first[0]
+        seq_len = composed.seq_len(reserve)
+        if (self.context.extent.end != composed.question_start
+                or not same_rope(rt, self.context.seq_len, seq_len)):
+            return get_strategy("recompute").plan(rt, composed, reserve)
+        cache = copy_cache(self.context, len(composed.question_ids) + reserve, seq_len)
+        return Plan(cache, torch.tensor(composed.question_ids), composed.question_positions(),
+                    recomputed=composed.n_context)
+
+
+def copy_cache(cache, reserve: int, seq_len: int):
+    """A dense cache's copy with room for `reserve` more tokens, at RoPE length `seq_len`."""
+    from kvedge.common.kvcache import DenseKV, Extent, KVCache
+
+    layers = [DenseKV(group.keys, group.values, group.positions, reserve)  # copies
+              for layer in cache for group in layer.heads()]
+    if len(layers) != len(cache):
+        raise ValueError("copy_cache copies dense caches (one head group per layer)")
+    return KVCache(layers, Extent(cache.extent.spans), seq_len)
+
+
+def same_rope(rt, a: int | None, b: int) -> bool:
+    """Whether RoPE lengths `a` and `b` rotate by the same frequencies."""
+    if a is None:
+        return False
+    (freq_a, scale_a), (freq_b, scale_b) = rt.rope.frequencies(a), rt.rope.frequencies(b)
+    return scale_a == scale_b and torch.equal(freq_a, freq_b)
 
 
 def reuse_strategy(cell: Cell):

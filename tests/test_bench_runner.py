@@ -259,3 +259,107 @@ def test_settings_cross_swept_options_and_name_their_cells():
         apply_overrides(p, sweeps={"pie": {"ratio": [0.1]}})
     out = CliRunner().invoke(bench, ["run", "--sweep", "sparsex=0.1", "--out", "x"])
     assert out.exit_code != 0 and "STRATEGY:OPTION=V1,V2" in out.output
+
+
+def test_questions_per_prompt_reach_the_cells_and_the_items():
+    """`--questions-per-prompt` makes other cells (their key says so) of fact prompts only;
+    the default keeps today's keys; too many for the documents is refused before a model
+    loads."""
+    import click
+    import pytest
+
+    from kvedge.bench.cli import apply_overrides
+    from kvedge.bench.datasets import FACTS, QUESTIONS_PER_PROMPT, load_items
+
+    base = apply_overrides(preset("reuse", "tiny-llama"), tasks=[FACTS, "multidoc_qa"],
+                           lengths=[3], strategies=["recompute", "pie"], items=8)
+    four = apply_overrides(base, per_prompt=4)
+    default = apply_overrides(base, per_prompt=QUESTIONS_PER_PROMPT)
+    assert {c.key for c in default.cells()} == {c.key for c in base.cells()}
+    assert all(c.per_prompt is None for c in base.cells())
+    facts = [c for c in four.cells() if c.task == FACTS]
+    assert facts and all(c.per_prompt == 4 and c.key.endswith("/4-per-prompt") for c in facts)
+    assert all(c.per_prompt is None for c in four.cells() if c.task != FACTS)
+    assert not {c.key for c in facts} & {c.key for c in base.cells()}
+    items = load_items(FACTS, "reuse", 3, 8, 0, per_prompt=facts[0].per_prompt)
+    assert [len(i.questions) for i in items] == [4, 4]
+    assert [len(i.questions) for i in load_items(FACTS, "reuse", 3, 8, 0)] == [2] * 4
+    with pytest.raises(click.BadParameter, match="hold 6 distinct questions"):
+        apply_overrides(base, lengths=[2], per_prompt=7)
+    out = CliRunner().invoke(bench, ["run", "--preset", "reuse", "--lengths", "2",
+                                     "--questions-per-prompt", "7", "--out", "x"])
+    assert out.exit_code != 0 and "hold 6 distinct questions" in out.output
+
+
+def test_shared_context_gives_the_full_prefills_logits():
+    """A later question over the first prefill's context KV: its last token's logits are the
+    full prefill's (`EdgeEngine.answer` with recompute plans exactly this forward)."""
+    from kvedge.bench.datasets import fact_items
+    from kvedge.bench.suites import SharedContext
+    from kvedge.edge.strategies import get_strategy
+
+    runner = Bench("tiny-llama", max_new_tokens=4, breakdown=None)
+    rt, worst, compared = runner.engine.rt, 0.0, 0
+    for item in fact_items(2, 6, seed=0, tokenizer=runner.engine.tok, per_prompt=3):
+        segments = [runner.load(path) for doc in item.documents
+                    for path, _ in runner.pack_files(doc, False)]
+        shared = SharedContext()
+        for i, q in enumerate(item.questions):
+            composed = runner.engine.compose(segments, q.text, q.instruction)
+            budget = runner.new_tokens(q)
+            if i == 0:  # the full prefill the others reuse, through the engine
+                list(runner.engine.answer(composed, shared, budget))
+                continue
+            logits = []
+            for plan in (get_strategy("recompute").plan(rt, composed, budget),
+                         shared.plan(rt, composed, budget)):
+                out = rt.forward(plan.run_ids, plan.run_positions, plan.cache,
+                                 seq_len=composed.seq_len(budget))
+                logits.append(out.logits[-1])
+            assert plan.run_ids.tolist() == composed.question_ids  # only the question ran
+            worst, compared = max(worst, float((logits[0] - logits[1]).abs().max())), compared + 1
+    assert compared == 4 and worst < 1e-4, worst
+    print(f"max |logit difference| shared vs full prefill: {worst:.3g}")
+
+
+def test_the_shared_ceiling_answers_as_the_full_one():
+    """The recompute ceiling with one prefill per prompt gives each question the answer and
+    score a full prefill per question gives; its TTFT is the prompt's first, real prefill."""
+    from kvedge.bench.datasets import FACTS
+    from kvedge.bench.runner import Cell
+
+    cell = Cell("reuse", FACTS, 2, "recompute", 1.0, 6, per_prompt=3)
+    shared = Bench("tiny-llama", max_new_tokens=6, breakdown=None).run(cell)
+    full = Bench("tiny-llama", max_new_tokens=6, breakdown=None, shared_ceiling=False).run(cell)
+    assert shared["questions"] == full["questions"] == 6
+    assert shared["answers"] == full["answers"] and any(shared["answers"])
+    for a, b in zip(shared["per_question"], full["per_question"]):
+        same = ("score", "recomputed", "prompt_tokens", "answer_at", "documents", "tokens")
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}
+    for key in ("score", "kv_bytes", "recomputed", "sequence_ratio"):
+        assert shared[key] == full[key], key
+    ttfts = [q["first_token_s"] for q in shared["per_question"]]
+    assert ttfts[:3] == [ttfts[0]] * 3 and ttfts[3:] == [ttfts[3]] * 3  # two prompts
+
+
+def test_a_run_with_four_questions_per_prompt_makes_its_cells_and_report(tmp_path):
+    from kvedge.bench.report import setting
+
+    args = ["run", "--preset", "reuse", "--model", "tiny-llama", "--lengths", "2",
+            "--items", "4", "--questions-per-prompt", "4", "--strategies", "recompute,pie,a3",
+            "--ratios", "0.15", "--max-new-tokens", "2", "--out", str(tmp_path)]
+    out = CliRunner().invoke(bench, args)
+    assert out.exit_code == 0, out.output
+    rows = load(tmp_path / "results.jsonl")
+    assert {(r["method"], r["per_prompt"]) for r in rows} == {
+        ("recompute", 4), ("pie", 4), ("a3", 4)}
+    assert all(r["key"].endswith("/4-per-prompt") and r["questions"] == 4 for r in rows)
+    ceiling, = [r for r in rows if r["method"] == "recompute"]
+    assert len({q["first_token_s"] for q in ceiling["per_question"]}) == 1  # one prompt
+    assert all(r["first_token_s_median_ratio"] > 0 for r in rows)
+    report = (tmp_path / "report.md").read_text()
+    assert "### multidoc-facts ×4 @ 2 (prompt" in report
+    for r in rows:
+        assert f"| {setting(r)} |" in report
+    again = CliRunner().invoke(bench, args)
+    assert again.exit_code == 0 and "0 new cells" in again.output

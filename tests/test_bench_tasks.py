@@ -356,6 +356,30 @@ def test_fact_items_count_questions_and_place_answers_at_random():
     assert set(spots) == {0, 1, 2} and min(spots.values()) >= 10
 
 
+@pytest.mark.parametrize("n_docs", [2, 3])
+def test_fact_prompts_ask_up_to_three_distinct_questions_per_document(n_docs):
+    """Any number of questions per prompt up to 3 per document: distinct, spread over the
+    documents (each asked ⌊N/n⌋ or ⌈N/n⌉ times), and the first ones those of fewer."""
+    from kvedge.bench.datasets import fact_items
+    from kvedge.bench.tasks.multidoc import fact_documents
+
+    fewer = None
+    for n in range(1, 3 * n_docs + 1):
+        item = fact_documents(n_docs, 4, questions=n, doc_tokens=100)
+        assert len({q.text for q in item.questions}) == n
+        asked = Counter(q.needed_docs[0] for q in item.questions)
+        assert max(asked.values()) - min(asked.values(), default=0) <= 1
+        assert len(asked) == min(n, n_docs)
+        if fewer is not None:
+            assert item.questions[:-1] == fewer.questions and item.documents == fewer.documents
+        fewer = item
+    with pytest.raises(ValueError, match="distinct questions"):
+        fact_items(n_docs, 10, seed=0, per_prompt=3 * n_docs + 1)
+    items = fact_items(n_docs, 10, seed=0, per_prompt=4)
+    assert [len(i.questions) for i in items] == [4, 4, 2]
+    assert [i.questions[:2] for i in items] == [i.questions for i in fact_items(n_docs, 6, 0)]
+
+
 # ---------------------------------------------------------------- prompts
 
 
