@@ -19,7 +19,7 @@ from kvedge.common.generate import GREEDY, Decoding, Sampler
 from kvedge.common.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
-from kvedge.edge.strategies import Composed, get_strategy
+from kvedge.edge.strategies import DEFAULT_STRATEGY, Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
 
 INSTRUCTION = "Answer the question using the documents above. Answer briefly."
@@ -158,8 +158,8 @@ class EdgeEngine:
                                   f"({max_new_tokens}) exceed the model's {window}-token context; "
                                   "ask with a smaller top_k or max_new_tokens")
 
-    def ask(self, target: Target, question: str, *, strategy: str = "a3", top_k: int = 3,
-            max_new_tokens: int = 48, options: Mapping[str, str] | None = None,
+    def ask(self, target: Target, question: str, *, strategy: str = DEFAULT_STRATEGY,
+            top_k: int = 3, max_new_tokens: int = 48, options: Mapping[str, str] | None = None,
             sampler: Sampler = GREEDY, stop: Sequence[str] = (), deadline: float | None = None,
             alive: Callable[[], bool] | None = None) -> Iterator[str | AskResult]:
         """Retrieve, load the packs, answer: yield answer pieces, then one AskResult.
