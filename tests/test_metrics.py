@@ -26,6 +26,7 @@ from kvedge.common.proto import kvedge_pb2 as pb
 from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.rpc import metadata
 from kvedge.common.tls import auto_server_tls
+from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.edge.cli import main as kvedge_cli
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.http_api import serve_http
@@ -230,7 +231,8 @@ def test_http_api_serves_metrics_and_request_ids(edge, caplog):
     for code in ("200", "404"):
         assert delta(before, after, "kvedge_http_requests_total", method="POST", route=route,
                      code=code) == 1, code
-    assert delta(before, after, "kvedge_edge_answer_tokens_total", strategy="a3") == 4
+    assert delta(before, after, "kvedge_edge_answer_tokens_total",
+                 strategy=DEFAULT_STRATEGY) == 4  # the HTTP API's default
     lines = [r.getMessage() for r in caplog.records if "id=http-1 " in r.getMessage()]
     assert any("kb=served" in line and "status=200" in line and "tokens=4" in line
                for line in lines), lines

@@ -1,27 +1,291 @@
-"""Pack → the runtime's cache layout at target positions, through the fused kernel.
+"""Stored KV rows → the runtime's cache layout at target positions, one pass per layer.
 
-Per (layer, KV head): keys (n, D) dequantized and rotated to the positions the composed prompt
-gives the kept tokens (A3 Eq. 2), values (n, D), and those positions (n,) — what
-`kvedge.common.kvcache.RaggedKV` holds. Quantized pieces go through
-`kernels.dequant_rope.dequant_rope` (Triton on CUDA); full-precision pieces (fp16 packs,
-CacheGen's sink and recent rows) through `kernels.rope.apply_rope_at`.
+A layer of a composed cache holds, per KV head, the rows of several *sources* one after
+another — the chat prefix, then each segment — each with its own target positions. A source
+hands out what it stores (`RowSource.stored`): dense rows (the prefix, a decoded context) or a
+pack's pieces, still quantized (keys pre-RoPE, DESIGN.md decision 1). `realign_layer` turns
+every head of every source into rotated keys and values (A3 Eq. 2) in one pass:
+
+- on CUDA each quantized piece goes through the fused `kernels.dequant_rope` (Triton), dense
+  pieces through `kernels.rope.apply_rope_at`;
+- elsewhere — and as the kernel's reference — the pieces of a layer are dequantized together
+  (one unpack and one `codes · scale + zero` per quantization layout), cast as the codec's
+  `decode` casts them, and every key row is rotated at once with cos/sin gathered from a
+  per-request table (`RopeTable`). Element by element these are the operations of decoding
+  a pack and then `Runtime.realign`, so the result is the same to the bit.
+
+`realign_pack` (one pack alone, per head) is the same pass with a single source.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from kvedge.common.pack.codecs import Piece
+from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
+from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece
+from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
-from kvedge.kernels.quant import QuantizedTensor
 from kvedge.kernels.dequant_rope import dequant_rope
-from kvedge.kernels.rope import apply_rope_at
+from kvedge.kernels.quant import QuantizedTensor, unpack_codes
+from kvedge.kernels.rope import apply_rope_at, apply_rotary, rope_cos_sin, use_triton
 
 Heads = list[list[torch.Tensor]]
 
 
+@dataclass
+class Stored:
+    """One head's rows of one source as stored: pieces in row order, and the dtype they were
+    encoded from (what a codec's `decode` casts to before anything else)."""
+
+    pieces: list[Piece]
+    dtype: torch.dtype
+
+
+class RowSource(Protocol):
+    """What a layer is assembled from: per layer, each KV head's stored rows and their
+    0-based index among the source's tokens (n_h,) int64."""
+
+    def stored(self, layer: int, kind: str) -> list[Stored]: ...
+
+    def local(self, layer: int) -> list[torch.Tensor]: ...
+
+    def finish(self) -> None:
+        """Called once every layer is assembled: checks that span layers."""
+
+
+@dataclass
+class DenseSource:
+    """Dense per-layer K/V (Hkv, n, D) holding every token (the chat prefix)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def stored(self, layer: int, kind: str) -> list[Stored]:
+        x = (self.keys if kind == "k" else self.values)[layer]
+        return [Stored([h], x.dtype) for h in x.unbind(0)]
+
+    def local(self, layer: int) -> list[torch.Tensor]:
+        n_kv, n, _ = self.keys[layer].shape
+        return [torch.arange(n)] * n_kv
+
+    def finish(self) -> None:
+        return None
+
+
+class ContextSource:
+    """A decoded `KVContext` (maybe ragged per head)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._positions = torch.tensor(ctx.positions)
+
+    def stored(self, layer: int, kind: str) -> list[Stored]:
+        heads = (self.ctx.keys if kind == "k" else self.ctx.values)[layer]
+        return [Stored([x], x.dtype) for x in heads]
+
+    def local(self, layer: int) -> list[torch.Tensor]:
+        return [torch.searchsorted(self._positions, kept.to(torch.long))
+                for kept in self.ctx.kept_positions[layer]]
+
+    def finish(self) -> None:
+        return None
+
+
+class PackSource:
+    """An opened pack, decoded one layer at a time: each head's tensor is checksummed and
+    entropy-decoded when its layer is assembled; quantized pieces stay quantized."""
+
+    def __init__(self, pack: Pack):
+        self.pack = pack
+        self._locals = pack_locals(pack)
+
+    def stored(self, layer: int, kind: str) -> list[Stored]:
+        out = []
+        for head in range(self.pack.manifest.n_kv_heads):
+            name = kv_name(kind, layer, head)
+            stored = self.pack.manifest.tensors[name].params.get("dtype")
+            if stored not in FLOAT_DTYPES:
+                raise PackCorrupt(f"params dtype {stored!r} is not a float dtype", name)
+            out.append(Stored(self.pack.pieces(name), FLOAT_DTYPES[stored]))
+        return out
+
+    def finish(self) -> None:
+        """After the last layer: the payload bytes no tensor owns (safetensors header)."""
+        self.pack.container.verify_payload()
+
+    def local(self, layer: int) -> list[torch.Tensor]:
+        return self._locals[layer]
+
+
+def pack_locals(pack: Pack) -> Heads:
+    """Per (layer, head): the index of each kept row among the pack's tokens (n_h,)."""
+    m = pack.manifest
+    index = {p: i for i, p in enumerate(m.positions)}
+    dense = torch.arange(m.n_tokens)
+    return [[dense if len(kept) == m.n_tokens else
+             torch.tensor([index[p] for p in kept], dtype=torch.long) for kept in layer]
+            for layer in m.kept]
+
+
+class RopeTable:
+    """cos/sin (n, D) of positions 0..n-1 for one request's RoPE length, computed once and
+    gathered per layer (`Runtime.realign` computes the same values for each call). Layers
+    whose rows sit at the same positions (every dense layer) reuse one gather."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float, n: int, device="cpu"):
+        self.inv_freq, self.scaling = inv_freq, scaling
+        self.cos, self.sin = rope_cos_sin(torch.arange(n, device=device), inv_freq, scaling)
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, rope, seq_len: int, n: int, device="cpu") -> "RopeTable":
+        """For `kvedge.common.rope.Rope` at the request's length `seq_len`."""
+        inv_freq, scaling = rope.frequencies(seq_len)
+        return cls(inv_freq.to(device), scaling, n, device)
+
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (N, D) of positions (N,)."""
+        last = self._last
+        if last is None or not torch.equal(last[0], positions):
+            last = self._last = (positions, self.cos[positions], self.sin[positions])
+        return last[1], last[2]
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (..., N, D) pre-RoPE → rotated to positions (N,), arithmetic in x's dtype."""
+        return apply_rotary(x, *self.at(positions))
+
+
+# ---------------------------------------------------------------------- one layer
+def realign_layer(sources: list[RowSource], offsets: list[int], layer: int, table: RopeTable,
+                  *, realign: bool = True, dtype=torch.float32, device="cpu", full: int = -1,
+                  reserve: int = 0) -> LayerKV:
+    """Layer `layer` of a cache holding each source's rows at `offset` + their index.
+
+    realign=False keeps the rotation of the positions each source was prefilled at (its own
+    indices) while the cache positions are the composed ones. The layer is dense when every
+    head holds `full` rows (each source whole), ragged otherwise.
+    """
+    k_stored = [s.stored(layer, "k") for s in sources]
+    v_stored = [s.stored(layer, "v") for s in sources]
+    locals_ = [s.local(layer) for s in sources]
+    n_kv = len(locals_[0])
+    order = [(i, h) for h in range(n_kv) for i in range(len(sources))]  # head-major rows
+    sizes = torch.tensor([locals_[i][h].numel() for i, h in order]).view(n_kv, len(sources))
+    counts = sizes.sum(1).tolist()
+    dense = all(c == full for c in counts)  # then every head sits at head 0's positions
+    chunks = order[: len(sources)] if dense else order
+    local = torch.cat([locals_[i][h] for i, h in chunks])
+    shift = torch.tensor(offsets).repeat(len(chunks) // len(sources))
+    pos = local + shift.repeat_interleave(sizes.flatten()[: len(chunks)])
+    keys = realign_rows([k_stored[i][h] for i, h in order], pos if realign else local, table,
+                        dtype, device, n_kv if dense else 1)
+    values = realign_rows([v_stored[i][h] for i, h in order], None, table, dtype, device)
+    pos = pos.to(device)
+    if dense:
+        return DenseKV(keys.view(n_kv, full, -1), values.view(n_kv, full, -1), pos, reserve)
+    return RaggedKV(list(keys.split(counts)), list(values.split(counts)),
+                    list(pos.split(counts)), reserve)
+
+
+def realign_rows(runs: list[Stored], positions: torch.Tensor | None, table: RopeTable,
+                 dtype: torch.dtype, device, repeat: int = 1) -> torch.Tensor:
+    """Every run's rows, concatenated (R, D) in `dtype` on `device`, rotated when positions
+    are given: (R,), or (R / repeat,) for each of `repeat` equal blocks of rows (the heads
+    of a dense layer). The fused kernel per piece on CUDA, one batched pass elsewhere."""
+    pieces = [(p, run.dtype) for run in runs for p in run.pieces]
+    if positions is not None:
+        positions = positions.to(device)
+    if use_triton(torch.empty(0, device=device)):
+        return _fused_rows(pieces, None if positions is None else positions.repeat(repeat),
+                           table, dtype, device)
+    x = _decoded_rows(pieces, dtype, device)
+    if positions is None:
+        return x
+    return table.rotate(x.view(repeat, -1, x.shape[-1]), positions).view(x.shape)
+
+
+def _fused_rows(pieces, positions, table: RopeTable, dtype, device) -> torch.Tensor:
+    """CUDA: dequantize + rotate each piece in one kernel (math in fp32, then `dtype`)."""
+    out, start = [], 0
+    for piece, _ in pieces:
+        n = _rows_of(piece)
+        pos = None if positions is None else positions[start: start + n].to(device)
+        if isinstance(piece, QuantizedTensor):
+            out.append(dequant_rope(piece.to(device), pos, table.inv_freq, table.scaling, dtype))
+        else:
+            x = piece.to(device, torch.float32)
+            out.append((x if pos is None else apply_rope_at(x, pos, table.inv_freq,
+                                                            table.scaling)).to(dtype))
+        start += n
+    return torch.cat(out)
+
+
+def _decoded_rows(pieces: list[tuple[Piece, torch.dtype]], dtype, device) -> torch.Tensor:
+    """Pieces → (R, D) rows in order: pieces of one quantization layout (or one float
+    dtype) and one stored dtype are converted together, each as its codec's `decode`
+    converts it, then cast to `dtype`."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (piece, stored) in enumerate(pieces):
+        groups.setdefault((_layout(piece), stored), []).append(i)
+    if len(groups) == 1:  # one conversion for every piece, already in order
+        ((layout, stored),) = groups
+        return _converted(layout, [p for p, _ in pieces], device).to(stored).to(dtype)
+    rows: list[torch.Tensor | None] = [None] * len(pieces)
+    for (layout, stored), members in groups.items():
+        batch = [pieces[i][0] for i in members]
+        x = _converted(layout, batch, device).to(stored).to(dtype)
+        for i, part in zip(members, x.split([_rows_of(p) for p in batch])):
+            rows[i] = part
+    return torch.cat(rows)
+
+
+def _converted(layout, batch: list[Piece], device) -> torch.Tensor:
+    """Pieces of one layout → their rows (Σn, D): dequantized (fp32), or as stored."""
+    if isinstance(layout, tuple):
+        return dequantize_many([q.to(device) for q in batch])
+    return torch.cat([p.to(device) for p in batch])
+
+
+def _layout(piece: Piece):
+    if isinstance(piece, QuantizedTensor):
+        return (piece.bits, piece.group_size, piece.per_channel, piece.dim)
+    return piece.dtype
+
+
+def _rows_of(piece: Piece) -> int:
+    return piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
+
+
+def dequantize_many(qs: list[QuantizedTensor]) -> torch.Tensor:
+    """QuantizedTensors of one layout → their rows concatenated (Σn, D) fp32: one unpack and
+    one `codes · scale + zero` for all (each value as `QuantizedTensor.dequantize` gives it)."""
+    q0 = qs[0]
+    packed = torch.cat([q.packed for q in qs])
+    codes = (packed if q0.bits == 8 else unpack_codes(packed, q0.bits, q0.dim)).to(torch.float32)
+    scale, zero = (torch.cat([t.to(torch.float32) for t in ts])
+                   for ts in ([q.scale for q in qs], [q.zero for q in qs]))
+    if q0.per_channel:  # a group runs along the rows of one tensor: row r → its group's row
+        idx = _group_rows(torch.tensor([q.n for q in qs]), q0.group_size).to(codes.device)
+        scale, zero = scale[idx], zero[idx]
+    else:  # a group runs along the channels of one row
+        scale = scale.repeat_interleave(q0.group_size, dim=1)[:, : q0.dim]
+        zero = zero.repeat_interleave(q0.group_size, dim=1)[:, : q0.dim]
+    return codes * scale + zero
+
+
+def _group_rows(n: torch.Tensor, group: int) -> torch.Tensor:
+    """For tensors of n[i] rows stacked, each row's index among their stacked group rows."""
+    groups = -(-n // group)
+    first_row = torch.cumsum(n, 0) - n
+    first_group = torch.cumsum(groups, 0) - groups
+    local = torch.arange(int(n.sum())) - first_row.repeat_interleave(n)
+    return first_group.repeat_interleave(n) + local // group
+
+
+# ---------------------------------------------------------------------- one pack
 @dataclass
 class RealignedKV:
     """keys[l][h] (n_lh, D) rotated, values[l][h] (n_lh, D), positions[l][h] (n_lh,) int64."""
@@ -43,33 +307,19 @@ def realign_pack(pack: Pack, inv_freq: torch.Tensor, scaling: float = 1.0,
     targets = torch.tensor(m.positions) if target_positions is None else target_positions
     if targets.shape != (m.n_tokens,):
         raise ValueError(f"target_positions must be ({m.n_tokens},), got {tuple(targets.shape)}")
-    targets = targets.to(device, torch.long)
-    index = {p: i for i, p in enumerate(m.positions)}
+    targets = targets.to(torch.long)
+    table = RopeTable(inv_freq.to(device), scaling, int(targets.max()) + 1 if m.n_tokens else 0,
+                      device)
+    source = PackSource(pack)
     keys, values, positions = [], [], []
     for layer in range(m.n_layers):
-        ranks = [torch.tensor([index[p] for p in kept], dtype=torch.long, device=device)
-                 for kept in m.kept[layer]]
-        pos = [targets[r] for r in ranks]
-        keys.append([_rows(pack.pieces(kv_name("k", layer, h)), p, inv_freq, scaling, device,
-                           dtype) for h, p in enumerate(pos)])
-        values.append([_rows(pack.pieces(kv_name("v", layer, h)), None, inv_freq, scaling,
-                             device, dtype) for h in range(m.n_kv_heads)])
-        positions.append(pos)
-    pack.container.verify_payload()
+        local = source.local(layer)
+        counts = [int(r.numel()) for r in local]
+        pos = targets[torch.cat(local)]
+        keys.append(list(realign_rows(source.stored(layer, "k"), pos, table, dtype, device)
+                         .split(counts)))
+        values.append(list(realign_rows(source.stored(layer, "v"), None, table, dtype, device)
+                           .split(counts)))
+        positions.append(list(pos.to(device).split(counts)))
+    source.finish()
     return RealignedKV(keys, values, positions)
-
-
-def _rows(pieces: list[Piece], positions: torch.Tensor | None, inv_freq, scaling, device,
-          dtype) -> torch.Tensor:
-    """Pieces of one head → (n, D) on device, rotated to positions (n,) when given."""
-    out, start = [], 0
-    for piece in pieces:
-        n = piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
-        pos = None if positions is None else positions[start: start + n]
-        if isinstance(piece, QuantizedTensor):
-            out.append(dequant_rope(piece.to(device), pos, inv_freq, scaling, dtype))
-        else:
-            x = piece.to(device, torch.float32)
-            out.append((x if pos is None else apply_rope_at(x, pos, inv_freq, scaling)).to(dtype))
-        start += n
-    return torch.cat(out)

@@ -13,9 +13,10 @@ from typing import ClassVar
 
 import torch
 
-from kvedge.common.kvcache import DenseKV, Extent, KVCache, LayerKV, RaggedKV
+from kvedge.common.kvcache import KVCache, LayerKV
 from kvedge.common.registry import validate
 from kvedge.common.runtime import ActivePlan, Observer
+from kvedge.edge.loader import load_cache
 
 
 @dataclass
@@ -144,42 +145,11 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
     last segment (question + decoded tokens). seq_len: the request's one RoPE length, for
     these keys and every later query (default `question_start + reserve`, which is
     `composed.seq_len(max_new_tokens)` when reserve = question + max_new_tokens).
+
+    Built by the edge's loader (`kvedge.edge.loader`): one pass per layer, layer by layer on
+    a background thread — reading a layer of the returned cache waits until it is built.
     """
-    offsets = composed.offsets
-    n_prefix = composed.n_prefix
-    prefix_pos = torch.arange(n_prefix)
-    seq_len = seq_len or composed.question_start + reserve
-    ranks = [torch.tensor(seg.positions) for seg in composed.segments]
-    layers = []
-    for layer in range(rt.n_layers):
-        # per head: the pre-RoPE keys, values, composed positions and RoPE positions of the
-        # prefix and every segment, concatenated — then one rotation per layer (every head
-        # holding the same positions) or per head, not one per (head, segment)
-        heads_k, heads_v, heads_pos, heads_rope = [], [], [], []
-        for head in range(rt.n_kv):
-            ks, vs = [composed.prefix_keys[layer][head]], [composed.prefix_values[layer][head]]
-            ps, rope = [prefix_pos], [prefix_pos]
-            for seg, off, seg_ranks in zip(composed.segments, offsets, ranks):
-                kept = seg.kept_positions[layer][head].to(torch.long)
-                local = torch.searchsorted(seg_ranks, kept)  # 0-based in the segment
-                ks.append(seg.keys[layer][head].to(rt.dtype))
-                vs.append(seg.values[layer][head].to(rt.dtype))
-                ps.append(local + off)
-                rope.append(local + off if realign else local)
-            heads_k.append(torch.cat(ks))
-            heads_v.append(torch.cat(vs))
-            heads_pos.append(torch.cat(ps))
-            heads_rope.append(torch.cat(rope))
-        full = n_prefix + composed.n_context
-        if all(p.numel() == full for p in heads_pos) and \
-                all(torch.equal(r, heads_rope[0]) for r in heads_rope[1:]):
-            keys = rt.realign(torch.stack(heads_k), heads_rope[0], seq_len)
-            layers.append(DenseKV(keys, torch.stack(heads_v), heads_pos[0], reserve))
-        else:
-            keys = [rt.realign(k, r, seq_len) for k, r in zip(heads_k, heads_rope)]
-            layers.append(RaggedKV(keys, heads_v, heads_pos, reserve))
-    segments = [(off, off + seg.n_tokens) for seg, off in zip(composed.segments, offsets)]
-    return KVCache(layers, Extent([(0, n_prefix)] + segments), seq_len)
+    return load_cache(rt, composed, realign=realign, reserve=reserve, seq_len=seq_len)
 
 
 def sequence_ratio(cache: KVCache, composed: Composed) -> float:

@@ -57,9 +57,12 @@ class Zstd(Codec):
             data = parts[name].numpy().tobytes()
             if sum(frames) != len(data):
                 raise ValueError(f"part {name}: frames {frames} do not add up to {len(data)}")
-            ends = np.cumsum(frames).tolist()
-            raw = b"".join(dctx.decompress(data[end - n: end], max_output_size=max(size, 1))
-                           for n, end in zip(frames, ends))
+            planes, start = [], 0
+            for n in frames:
+                planes.append(dctx.decompress(data[start: start + n],
+                                              max_output_size=max(size, 1)))
+                start += n
+            raw = b"".join(planes)
             if len(raw) != size:
                 raise ValueError(f"part {name} decompressed to {len(raw)} bytes, expected {size}")
             inner[name] = from_planes(raw, dtype, shape)
@@ -77,7 +80,7 @@ def from_planes(raw: bytes, dtype: torch.dtype, shape) -> torch.Tensor:
     if not raw:
         return torch.empty(shape, dtype=dtype)
     planes = np.frombuffer(raw, np.uint8).reshape(dtype.itemsize, -1)
-    return bytes_tensor(planes.T.tobytes()).view(dtype).reshape(shape)
+    return torch.from_numpy(planes.T.copy()).view(dtype).reshape(shape)
 
 
 def bytes_tensor(data: bytes) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""PackSegment: an opened pack standing in for its KVContext in a composed prompt.
+
+What a composed prompt and the strategies read about a segment's tokens — ids, positions,
+kept positions per (layer, head), block size — comes from the verified manifest at once; the
+tensors stay encoded in the pack. The edge's loader (`realign.PackSource`) decodes them layer
+by layer straight into the cache; a strategy that reads whole tensors (SamKV reads keys and
+side tensors before its forward) decodes them once, on first use (`context`).
+"""
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+
+import torch
+
+from kvedge.common.pack.context import KVContext
+from kvedge.common.pack.format import Pack, open_pack
+from kvedge.common.pack.realign import ContextSource, PackSource, RowSource
+
+
+class PackSegment:
+    """A KVContext's read-only surface over an opened pack (see the module docstring)."""
+
+    def __init__(self, pack: Pack):
+        m = pack.manifest
+        self.pack = pack
+        self.model_fingerprint, self.tokenizer_id = m.model_fingerprint, m.tokenizer_id
+        self.token_ids, self.positions = m.token_ids, m.positions
+        self.segments, self.namespace = [tuple(s) for s in m.segments], m.namespace
+        self.anchor = list(m.anchor)
+        self.block_size = m.side.get("block_summaries", {}).get("block_size", 64)
+        every = torch.tensor(m.positions, dtype=torch.long)
+        self.kept_positions = [[every if len(kept) == m.n_tokens else
+                                torch.tensor(kept, dtype=torch.long) for kept in layer]
+                               for layer in m.kept]
+        self._decoded: KVContext | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, source, model_fingerprint: str | None = None) -> "PackSegment":
+        """A path or bytes (ModelMismatch if the pack belongs to another model)."""
+        return cls(open_pack(source, model_fingerprint))
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def n_layers(self) -> int:
+        return self.pack.manifest.n_layers
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.pack.manifest.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.pack.manifest.head_dim
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def ranks(self, layer: int, head: int) -> torch.Tensor:
+        return torch.searchsorted(torch.tensor(self.positions), self.kept_positions[layer][head])
+
+    # ------------------------------------------------------------------ tensors
+    def context(self) -> KVContext:
+        """The whole pack decoded (every checksum verified), once."""
+        with self._lock:
+            if self._decoded is None:
+                self._decoded = self.pack.context()
+            return self._decoded
+
+    def row_source(self) -> RowSource:
+        """What the loader assembles from: the decoded context if a strategy already asked
+        for it, else the pack, decoded layer by layer."""
+        return ContextSource(self._decoded) if self._decoded is not None \
+            else PackSource(self.pack)
+
+    @property
+    def keys(self):
+        return self.context().keys
+
+    @property
+    def values(self):
+        return self.context().values
+
+    @cached_property
+    def block_summaries(self) -> list[torch.Tensor] | None:
+        return self._side("block_summaries", "summary")
+
+    @cached_property
+    def query_cache(self) -> list[torch.Tensor] | None:
+        return self._side("query_cache", "qcache")
+
+    def _side(self, key: str, prefix: str) -> list[torch.Tensor] | None:
+        if key not in self.pack.manifest.side:
+            return None
+        return [self.pack.tensor(f"{prefix}.{layer}") for layer in range(self.n_layers)]
+
+    def select(self, keep) -> KVContext:
+        return self.context().select(keep)
