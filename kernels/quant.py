@@ -44,10 +44,34 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Torch reference: (n, D) in `dtype`, math in fp32."""
-        codes = unpack_codes(self.packed, self.bits, self.dim).to(torch.float32)
-        scale, zero = (expand_groups(t.to(torch.float32), self.group_size, self.per_channel,
-                                     self.n, self.dim) for t in (self.scale, self.zero))
-        return (codes * scale + zero).to(dtype)
+        return dequantize_many([self]).to(dtype)
+
+
+def dequantize_many(qs: list[QuantizedTensor]) -> torch.Tensor:
+    """QuantizedTensors of one layout (bits, group size, axis, D) → their rows concatenated
+    (Σn, D) fp32: one unpack and one `codes · scale + zero` for all of them (the edge's
+    loader dequantizes a layer's pieces together; one tensor is the case of one)."""
+    q0 = qs[0]
+    packed = torch.cat([q.packed for q in qs])
+    codes = (packed if q0.bits == 8 else unpack_codes(packed, q0.bits, q0.dim)).to(torch.float32)
+    scale, zero = (torch.cat([t.to(torch.float32) for t in ts])
+                   for ts in ([q.scale for q in qs], [q.zero for q in qs]))
+    if q0.per_channel:  # a group runs along the rows of one tensor: row r → its group's row
+        idx = _group_rows(torch.tensor([q.n for q in qs]), q0.group_size).to(codes.device)
+        scale, zero = scale[idx], zero[idx]
+    else:  # a group runs along the channels of one row
+        scale, zero = (expand_groups(t, q0.group_size, False, codes.shape[0], q0.dim)
+                       for t in (scale, zero))
+    return codes * scale + zero
+
+
+def _group_rows(n: torch.Tensor, group: int) -> torch.Tensor:
+    """For tensors of n[i] rows stacked, each row's index among their stacked group rows."""
+    groups = -(-n // group)
+    first_row = torch.cumsum(n, 0) - n
+    first_group = torch.cumsum(groups, 0) - groups
+    local = torch.arange(int(n.sum())) - first_row.repeat_interleave(n)
+    return first_group.repeat_interleave(n) + local // group
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int, per_channel: bool) -> QuantizedTensor:

@@ -29,7 +29,7 @@ from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
 from kvedge.kernels.dequant_rope import dequant_rope
-from kvedge.kernels.quant import QuantizedTensor, unpack_codes
+from kvedge.kernels.quant import QuantizedTensor, dequantize_many
 from kvedge.kernels.rope import apply_rope_at, apply_rotary, rope_cos_sin, use_triton
 
 Heads = list[list[torch.Tensor]]
@@ -257,32 +257,6 @@ def _layout(piece: Piece):
 
 def _rows_of(piece: Piece) -> int:
     return piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
-
-
-def dequantize_many(qs: list[QuantizedTensor]) -> torch.Tensor:
-    """QuantizedTensors of one layout → their rows concatenated (Σn, D) fp32: one unpack and
-    one `codes · scale + zero` for all (each value as `QuantizedTensor.dequantize` gives it)."""
-    q0 = qs[0]
-    packed = torch.cat([q.packed for q in qs])
-    codes = (packed if q0.bits == 8 else unpack_codes(packed, q0.bits, q0.dim)).to(torch.float32)
-    scale, zero = (torch.cat([t.to(torch.float32) for t in ts])
-                   for ts in ([q.scale for q in qs], [q.zero for q in qs]))
-    if q0.per_channel:  # a group runs along the rows of one tensor: row r → its group's row
-        idx = _group_rows(torch.tensor([q.n for q in qs]), q0.group_size).to(codes.device)
-        scale, zero = scale[idx], zero[idx]
-    else:  # a group runs along the channels of one row
-        scale = scale.repeat_interleave(q0.group_size, dim=1)[:, : q0.dim]
-        zero = zero.repeat_interleave(q0.group_size, dim=1)[:, : q0.dim]
-    return codes * scale + zero
-
-
-def _group_rows(n: torch.Tensor, group: int) -> torch.Tensor:
-    """For tensors of n[i] rows stacked, each row's index among their stacked group rows."""
-    groups = -(-n // group)
-    first_row = torch.cumsum(n, 0) - n
-    first_group = torch.cumsum(groups, 0) - groups
-    local = torch.arange(int(n.sum())) - first_row.repeat_interleave(n)
-    return first_group.repeat_interleave(n) + local // group
 
 
 # ---------------------------------------------------------------------- one pack
