@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.common.auth import check_name, check_variant
-from kvedge.common.fsutil import write_json_atomic
+from kvedge.common.fsutil import mapped, write_json_atomic
 from kvedge.common.pack.container import read_manifest
 
 log = logging.getLogger("kvedge.sync")
@@ -111,7 +111,8 @@ class Syncer:
             if not self.cache.has(seg.pack_id):
                 self._fetch(target.namespace, seg.pack_id)
                 count += 1
-            manifest = read_manifest(self.cache.path(seg.pack_id).read_bytes())
+            with mapped(self.cache.path(seg.pack_id)) as data:  # header and manifest only
+                manifest = read_manifest(data)
             transforms |= referenced_transforms(manifest)
             segments.append({"index": seg.index, "pack_id": seg.pack_id, "source": seg.source,
                              "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,

@@ -257,9 +257,7 @@ class TransformStore:
         not hash to `digest` raise TransformMismatch and nothing is written; good ones are
         written atomically (a reader sees no file or the whole one)."""
         path = self.path(digest)
-        if blake3.blake3(data).hexdigest() != digest:
-            raise TransformMismatch(digest, f"the {len(data)} bytes received do not hash to "
-                                            "its name")
+        _check_digest(digest, data, f"the {len(data)} bytes received")
         write_atomic(path, data, 0o644)
 
     def save(self, t: Transform, model: str | None = None) -> str:
@@ -277,14 +275,19 @@ class TransformStore:
             if not path.exists():
                 raise TransformMissing(digest, str(self.root))
             data = path.read_bytes()
-            if blake3.blake3(data).hexdigest() != digest:
-                raise TransformMismatch(digest, f"the bytes of {path} do not hash to its name")
+            _check_digest(digest, data, f"the bytes of {path}")
             self._loaded[digest] = Transform.from_bytes(data, digest)
         return self._loaded[digest]
 
     def for_model(self, fingerprint: str) -> str | None:
         index = self.root / "models" / fingerprint
         return index.read_text().strip() if index.exists() else None
+
+
+def _check_digest(digest: str, data: bytes, what: str) -> None:
+    """TransformMismatch unless `data` (described by `what`) hashes to `digest`."""
+    if blake3.blake3(data).hexdigest() != digest:
+        raise TransformMismatch(digest, f"{what} do not hash to its name")
 
 
 _STORES: dict[Path, TransformStore] = {}
