@@ -101,14 +101,16 @@ class Round:
     ttfts: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     texts: dict[str, set[str]] = field(default_factory=dict)  # answers given to each question
-    answers: int = 0
     lost: list[str] = field(default_factory=list)
 
     def add(self, question: str, ttft: float, tokens: int, text: str) -> None:
         self.ttfts.append(ttft)
         self.tokens.append(tokens)
         self.texts.setdefault(question, set()).add(text)
-        self.answers += 1
+
+    @property
+    def answers(self) -> int:
+        return len(self.ttfts)
 
     def differing(self, base: "Round") -> int:
         """Questions answered otherwise than in `base` (or than elsewhere in this round)."""

@@ -340,3 +340,19 @@ def test_a_closed_scheduler_refuses_work(loaded, state):
     engine.close()
     with pytest.raises(Cancelled):
         list(engine.ask(Target("default", "facts"), QUESTIONS[0]))
+
+
+def test_load_rounds_count_answers_that_differ_from_one_client():
+    """`kvctl bench load`'s table: a question answered otherwise than in the one-client round,
+    or two ways within a round, counts once."""
+    from kvedge.bench.load import Round, table
+
+    one, many = Round(1, wall_s=2.0), Round(4, wall_s=2.0)
+    one.add("q1", 0.5, 3, "a")
+    one.add("q2", 0.6, 3, "b")
+    for question, text in [("q1", "a"), ("q2", "B"), ("q1", "a")]:
+        many.add(question, 0.8, 3, text)
+    assert (one.differing(one), many.differing(one), many.answers, many.rate) == (0, 1, 3, 1.5)
+    many.add("q1", 0.9, 3, "a, twice")
+    assert many.differing(one) == 2
+    assert "| 4 | 4 | 0 | 2 | 3.0 | 2.0 | 2.00 | 2.00 |" in table([one, many])
