@@ -16,6 +16,7 @@ import torch
 
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
 from kvedge.common.generate import GREEDY, Decoding, Sampler
+from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
@@ -171,12 +172,18 @@ class EdgeEngine:
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
         self.check_request(question, top_k, max_new_tokens, stop)
-        metas, composed = self.retrieve(target, question, top_k, max_new_tokens)
+        metas, composed = self.retrieve(target, question, top_k, max_new_tokens,
+                                        granular=chosen.block_granular)
         job = _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
                       deadline, alive)
-        for event in self.scheduler.submit(job).events():
-            if isinstance(event, str):
-                yield event
+        try:
+            for event in self.scheduler.submit(job).events():
+                if isinstance(event, str):
+                    yield event
+        except PackCorrupt:  # an opened pack's rows were damaged on disk: drop that pack
+            for m in metas:
+                self.cache.recheck(m["pack_id"])
+            raise
         yield AskResult(event["answer"], event["first_token_s"], event["tpot_s"],
                         event["tokens"], [m["index"] for m in metas],
                         sum(m["pack_bytes"] for m in metas), sum(m["fp16_bytes"] for m in metas),
@@ -184,15 +191,17 @@ class EdgeEngine:
                         event["kv_bytes"], event["sequence_ratio"], event["finish_reason"])
 
     def retrieve(self, target: Target, question: str, top_k: int = 3,
-                 max_new_tokens: int = 48) -> tuple[list[dict], Composed]:
-        """The top_k segments' manifest entries and the composed prompt over their packs."""
+                 max_new_tokens: int = 48, granular: bool = False) -> tuple[list[dict], Composed]:
+        """The top_k segments' manifest entries and the composed prompt over their packs
+        (decoded, or `granular`: opened, for a block-granular strategy)."""
         with self._lock:
             kb = self._kb(target)
         # the best segment goes last, next to the question: small models copy from there
         picked = kb.index.top_k(question, top_k)[::-1]
         metas = [kb.manifest["segments"][i] for i in picked]
         self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
-        return metas, self.compose([self.cache.load(m["pack_id"]) for m in metas], question)
+        load = self.cache.segment if granular else self.cache.load
+        return metas, self.compose([load(m["pack_id"]) for m in metas], question)
 
     def close(self) -> None:
         """Stop the scheduler: answers in flight are cancelled."""

@@ -95,8 +95,50 @@ class PackCache:
                 self.stats.hits += 1
                 return self._decoded[pack_id]
             self.stats.misses += 1
+        ctx = self._read(pack_id, read_pack)
+        with self._lock:
+            self._decoded[pack_id] = ctx
+            while len(self._decoded) > self.memory_entries:
+                self._decoded.popitem(last=False)
+                self.stats.memory_evictions += 1
+        return ctx
+
+    def segment(self, pack_id: str):
+        """For strategies that decode only the rows they keep (SamKV): the decoded context
+        if it is in memory already, else the pack opened (`PackSegment`: its bytes and
+        manifest, nothing decoded, the memory LRU left alone). Damage found while its rows
+        are decoded later is PackCorrupt then; `recheck` deletes such a pack."""
+        from kvedge.common.pack.segment import PackSegment
+
+        with self._lock:
+            if pack_id in self._decoded:
+                self._decoded.move_to_end(pack_id)
+                self.stats.hits += 1
+                return self._decoded[pack_id]
+            self.stats.misses += 1
+        return self._read(pack_id, PackSegment.open)
+
+    def recheck(self, pack_id: str) -> bool:
+        """Verify a cached pack's file again (after an answer over it failed as corrupt);
+        a damaged one is deleted so the next sync fetches it. True if it is sound."""
+        from kvedge.common.fsutil import mapped
+
         try:
-            ctx = read_pack(self.path(pack_id), self.fingerprint)
+            with mapped(self.path(pack_id)) as data:
+                self._verify(pack_id, data)
+            return True
+        except FileNotFoundError:
+            return False
+        except PackError:
+            self.path(pack_id).unlink(missing_ok=True)
+            with self._lock:
+                self._decoded.pop(pack_id, None)
+            return False
+
+    def _read(self, pack_id: str, how):
+        """`how(path, fingerprint)` over a cached pack, damage → PackCorrupt and deleted."""
+        try:
+            return how(self.path(pack_id), self.fingerprint)
         except FileNotFoundError:
             raise PackCorrupt("the cached file is gone") from None
         except PackError as err:  # it read when committed: any failure now is damage
@@ -104,12 +146,6 @@ class PackCache:
             if isinstance(err, PackCorrupt):
                 raise
             raise PackCorrupt(f"the cached copy no longer reads ({type(err).__name__})") from err
-        with self._lock:
-            self._decoded[pack_id] = ctx
-            while len(self._decoded) > self.memory_entries:
-                self._decoded.popitem(last=False)
-                self.stats.memory_evictions += 1
-        return ctx
 
     def size(self, pack_id: str) -> int:
         return self.path(pack_id).stat().st_size

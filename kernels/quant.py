@@ -42,6 +42,23 @@ class QuantizedTensor:
         return replace(self, packed=self.packed.to(device), scale=self.scale.to(device),
                        zero=self.zero.to(device))
 
+    def take(self, rows: torch.Tensor) -> "QuantizedTensor":
+        """Rows `rows` (sorted, unique, int64) alone, still quantized: block-granular loading
+        dequantizes only what a strategy keeps, to the bit what dequantizing everything and
+        indexing would give. Per token, each row keeps its own scales. Per channel, rows
+        that make up whole groups (SamKV's 64-token blocks on the codecs' 64-row groups)
+        keep those groups' scales; any other choice gets one scale row per row (group 1)."""
+        packed = self.packed[rows]
+        if not self.per_channel:
+            return replace(self, packed=packed, scale=self.scale[rows], zero=self.zero[rows])
+        group = rows // self.group_size
+        groups, counts = torch.unique_consecutive(group, return_counts=True)
+        full = torch.clamp(self.n - groups * self.group_size, max=self.group_size)
+        if torch.equal(counts, full):
+            return replace(self, packed=packed, scale=self.scale[groups], zero=self.zero[groups])
+        return replace(self, packed=packed, scale=self.scale[group], zero=self.zero[group],
+                       group_size=1)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Torch reference: (n, D) in `dtype`, math in fp32."""
         return dequantize_many([self]).to(dtype)

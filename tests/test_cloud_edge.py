@@ -389,9 +389,12 @@ def test_fetch_resumes_and_corrupt_packs_are_never_used(edge, cloud, tmp_path):
         assert not other.has(pack)
 
 
-def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path):
+@pytest.mark.parametrize("strategy", ["pie", "samkv"])
+def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path, strategy):
     """Damaged after it was verified (disk rot, a stray write), then the edge restarted: the
-    ask fails with PackCorrupt once, the file is dropped, the next sync fetches it again."""
+    ask fails with PackCorrupt once, the file is dropped, the next sync fetches it again.
+    pie decodes the pack whole before answering; samkv opens it and decodes only its kept
+    blocks while answering (every tensor is still checksummed on the way)."""
     loaded = load_model(MODEL)
     with CloudClient(cloud["address"], cloud["token"]) as c:
         upload_ready(c, write_kb(tmp_path / "kb", {"rot.md": "The rot code is 31337.\n"}), "rot")
@@ -405,10 +408,11 @@ def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path):
         cache.path(pack).write_bytes(bytes(data))
         engine = EdgeEngine(loaded, PackCache(tmp_path / "packs", loaded.fingerprint), tmp_path)
         with pytest.raises(PackCorrupt):
-            list(engine.ask(target, "rot code?", max_new_tokens=2))
+            list(engine.ask(target, "rot code?", max_new_tokens=2, strategy=strategy))
         assert not cache.has(pack)
         assert syncer.sync_once() == {"default/rot": 1}
-        assert list(engine.ask(target, "rot code?", max_new_tokens=2))[-1].tokens == 2
+        assert list(engine.ask(target, "rot code?", max_new_tokens=2,
+                               strategy=strategy))[-1].tokens == 2
 
 
 def test_edge_keeps_answering_when_the_cloud_is_down(edge, cloud, tmp_path):

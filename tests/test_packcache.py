@@ -208,3 +208,24 @@ def test_evict_ignores_unfinished_transfers(tmp_path, packs):
 def test_a_cache_without_capacity_never_evicts(tmp_path, packs):
     cache, ids = filled(tmp_path, packs, capacity=0)
     assert cache.evict() == [] and all(cache.has(p) for p in ids)
+
+
+def test_segment_opens_a_cold_pack_without_decoding_it_and_recheck_drops_damage(tmp_path, packs):
+    """`segment` (for block-granular strategies): a pack decoded in memory is handed as is,
+    a cold one opened (nothing decoded, the memory LRU untouched); `recheck` keeps a sound
+    pack and deletes one damaged on disk since it was verified."""
+    from kvedge.common.pack.segment import PackSegment
+
+    cache = PackCache(tmp_path, FP)
+    ids = [put(cache, data) for data in packs[:2]]
+    warm = cache.load(ids[0])
+    assert cache.segment(ids[0]) is warm
+    cold = cache.segment(ids[1])
+    assert isinstance(cold, PackSegment) and cold._decoded is None
+    assert list(cache._decoded) == [ids[0]]
+    assert cache.recheck(ids[1]) and cache.has(ids[1])
+    data = bytearray(cache.path(ids[1]).read_bytes())
+    data[-40] ^= 0x01
+    cache.path(ids[1]).write_bytes(bytes(data))
+    assert not cache.recheck(ids[1]) and not cache.has(ids[1])
+    assert not cache.recheck(ids[1])  # gone: nothing to keep

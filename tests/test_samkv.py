@@ -24,8 +24,8 @@ def prompt(rt, sizes=(40, 36, 48), block=8, seed=0, queries=True):
         ids = torch.randint(0, 250, (n,), generator=gen)
         res = rt.prefill(ids, want_queries=True)
         pooled = [q[:, -2 * block:].mean(1, keepdim=True) for q in res.queries]
-        docs.append(KVContext.from_dense(res.keys, res.values, ids.tolist(), model_fingerprint="x",
-                                         tokenizer_id="y", block_size=block,
+        docs.append(KVContext.from_dense(res.keys, res.values, ids.tolist(), model_fingerprint="0",
+                                         tokenizer_id="0", block_size=block,
                                          queries=pooled if queries else None, query_tokens=1))
     question = torch.randint(0, 250, (6,), generator=gen).tolist()
     return Composed(prefix.tolist(), pre.keys, pre.values, docs, question)
@@ -199,3 +199,54 @@ def test_sparse_segments_keep_whole_blocks_of_what_each_head_holds():
     for layer in out.kept_positions:
         for held in layer:
             assert held.tolist() == [p for p in range(8, 16) if p % 3 != 0]
+
+
+# ------------------------------------------------------------------------- block-granular loading
+
+@pytest.mark.parametrize("codec", ["int4:key_group=8", "int8+zstd", "fp16"])
+def test_over_packs_only_the_kept_rows_are_decoded_and_the_answer_is_unchanged(codec):
+    """SamKV over opened packs (`PackSegment`) gives the logits it gives over the same packs
+    decoded whole, without decoding any pack whole: only the kept rows are dequantized (key
+    groups of 8 rows align with the 8-token blocks: whole groups; int8's 64-row groups do
+    not: one scale row per row). Both paths are bit-equal by construction."""
+    from kvedge.common.pack.format import encode_pack, open_pack
+    from kvedge.common.pack.segment import PackSegment
+    from kvedge.kernels import quant
+
+    rt = tiny_runtime("tiny-llama")
+    base = prompt(rt)
+    packs = [encode_pack(doc, codec) for doc in base.segments]
+    decoded = Composed(base.prefix_ids, base.prefix_keys, base.prefix_values,
+                       [open_pack(p).context() for p in packs], base.question_ids)
+    opened = Composed(base.prefix_ids, base.prefix_keys, base.prefix_values,
+                      [PackSegment.open(p) for p in packs], base.question_ids)
+    strategy = get_strategy("samkv", {"p": 0.5})
+    want, _ = answer_logits(rt, strategy, decoded)
+    rows = []
+    real = quant.dequantize_many
+    quant.dequantize_many = lambda qs: rows.append(sum(q.n for q in qs)) or real(qs)
+    try:
+        got, plan = answer_logits(rt, strategy, opened)
+    finally:
+        quant.dequantize_many = real
+    assert torch.equal(got, want)
+    assert all(seg._decoded is None for seg in opened.segments)  # no pack decoded whole
+    if codec != "fp16":
+        stored = sum(seg.n_tokens * seg.n_layers * seg.n_kv_heads * 2 for seg in opened.segments)
+        assert 0 < sum(rows) < stored  # kept rows (and the recompute scoring's) only
+
+
+def test_quantized_take_equals_indexing_the_dequantized_tensor():
+    from kvedge.kernels.quant import quantize
+
+    gen = torch.Generator().manual_seed(0)
+    for per_channel in (True, False):
+        q = quantize(torch.randn(150, 16, generator=gen), 4, 64, per_channel)
+        full = q.dequantize()
+        for rows in (torch.arange(64, 150), torch.arange(0, 64), torch.tensor([3, 64, 149]),
+                     torch.arange(150), torch.empty(0, dtype=torch.long)):
+            taken = q.take(rows)
+            assert torch.equal(taken.dequantize(), full[rows])
+            if per_channel:  # whole groups keep their group size; scattered rows get 1
+                assert taken.group_size == (64 if rows.numel() in (86, 64, 150) else 1) \
+                    or rows.numel() == 0

@@ -90,19 +90,33 @@ class KVContext:
             ctx.query_cache = [q[:, -query_tokens:].contiguous() for q in queries]
         return ctx
 
+    def held_rows(self, layer: int, head: int, kind: str, rows: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` (mask or indices among the head's held rows) of one head's keys ("k",
+        pre-RoPE) or values ("v"); `PackSegment.held_rows` decodes only them."""
+        return (self.keys if kind == "k" else self.values)[layer][head][rows]
+
     def select(self, keep: Heads) -> "KVContext":
         """A ragged copy keeping, per (layer, head), the given positions (a subset of kept)."""
         keys, values, kept = [], [], []
-        for layer in range(self.n_layers):
-            rows = [torch.searchsorted(held, want.to(torch.long).contiguous()) for held, want
-                    in zip(self.kept_positions[layer], keep[layer], strict=True)]
-            for held, want, r in zip(self.kept_positions[layer], keep[layer], rows):
-                if r.numel() and (r.max() >= held.numel() or not torch.equal(held[r], want)):
-                    raise ValueError(f"layer {layer}: can only keep positions already held")
+        for layer, rows in enumerate(kept_rows(self.kept_positions, keep)):
             keys.append([k[r] for k, r in zip(self.keys[layer], rows)])
             values.append([v[r] for v, r in zip(self.values[layer], rows)])
             kept.append([p[r] for p, r in zip(self.kept_positions[layer], rows)])
         return replace(self, keys=keys, values=values, kept_positions=kept)
+
+
+def kept_rows(held: Heads, keep: Heads) -> Heads:
+    """Per (layer, head): the index among the held rows of each position kept (ValueError
+    if one is not held)."""
+    out = []
+    for layer, (have, want) in enumerate(zip(held, keep, strict=True)):
+        rows = [torch.searchsorted(h, w.to(torch.long).contiguous())
+                for h, w in zip(have, want, strict=True)]
+        for h, w, r in zip(have, want, rows):
+            if r.numel() and (r.max() >= h.numel() or not torch.equal(h[r], w)):
+                raise ValueError(f"layer {layer}: can only keep positions already held")
+        out.append(rows)
+    return out
 
 
 def block_summaries(keys: torch.Tensor, ranks: torch.Tensor, n_tokens: int,

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
-from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece
+from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece, take_rows
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
@@ -42,6 +42,11 @@ class Stored:
 
     pieces: list[Piece]
     dtype: torch.dtype
+
+    def decode(self) -> torch.Tensor:
+        """The rows (n, D) as a codec's `decode` returns them (torch reference, same bits)."""
+        return torch.cat([p.dequantize(self.dtype) if isinstance(p, QuantizedTensor)
+                          else p.to(self.dtype) for p in self.pieces])
 
 
 class RowSource(Protocol):
@@ -96,21 +101,26 @@ class ContextSource:
 
 class PackSource:
     """An opened pack, decoded one layer at a time: each head's tensor is checksummed and
-    entropy-decoded when its layer is assembled; quantized pieces stay quantized."""
+    entropy-decoded when its layer is assembled; quantized pieces stay quantized.
 
-    def __init__(self, pack: Pack):
-        self.pack = pack
+    `rows` (per layer and head: sorted indices among the head's stored rows) makes the
+    loading block-granular: only those rows are dequantized and rotated (`take_rows`); the
+    whole tensor is still read and checksummed, so damage anywhere is still found."""
+
+    def __init__(self, pack: Pack, rows: Heads | None = None):
+        self.pack, self.rows = pack, rows
         self._locals = pack_locals(pack)
+        if rows is not None:
+            self._locals = [[held[r] for held, r in zip(layer, chosen, strict=True)]
+                            for layer, chosen in zip(self._locals, rows, strict=True)]
 
     def stored(self, layer: int, kind: str) -> list[Stored]:
-        out = []
-        for head in range(self.pack.manifest.n_kv_heads):
-            name = kv_name(kind, layer, head)
-            stored = self.pack.manifest.tensors[name].params.get("dtype")
-            if stored not in FLOAT_DTYPES:
-                raise PackCorrupt(f"params dtype {stored!r} is not a float dtype", name)
-            out.append(Stored(self.pack.pieces(name), FLOAT_DTYPES[stored]))
-        return out
+        return [self.head(layer, head, kind) for head in range(self.pack.manifest.n_kv_heads)]
+
+    def head(self, layer: int, head: int, kind: str) -> Stored:
+        """One head's stored rows (only the chosen ones, if rows were given)."""
+        return stored_head(self.pack, layer, head, kind,
+                           None if self.rows is None else self.rows[layer][head])
 
     def finish(self) -> None:
         """After the last layer: the payload bytes no tensor owns (safetensors header)."""
@@ -118,6 +128,18 @@ class PackSource:
 
     def local(self, layer: int) -> list[torch.Tensor]:
         return self._locals[layer]
+
+
+def stored_head(pack: Pack, layer: int, head: int, kind: str,
+                rows: torch.Tensor | None = None) -> Stored:
+    """One head's keys ("k") or values ("v") as stored — checksummed and entropy-decoded,
+    quantized pieces left quantized — or only its rows `rows` (sorted indices)."""
+    name = kv_name(kind, layer, head)
+    stored = pack.manifest.tensors[name].params.get("dtype")
+    if stored not in FLOAT_DTYPES:
+        raise PackCorrupt(f"params dtype {stored!r} is not a float dtype", name)
+    pieces = pack.pieces(name)
+    return Stored(pieces if rows is None else take_rows(pieces, rows), FLOAT_DTYPES[stored])
 
 
 def pack_locals(pack: Pack) -> Heads:

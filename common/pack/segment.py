@@ -13,15 +13,15 @@ from functools import cached_property
 
 import torch
 
-from kvedge.common.pack.context import KVContext
+from kvedge.common.pack.context import KVContext, kept_rows
 from kvedge.common.pack.format import Pack, open_pack
-from kvedge.common.pack.realign import ContextSource, PackSource, RowSource
+from kvedge.common.pack.realign import ContextSource, PackSource, RowSource, stored_head
 
 
 class PackSegment:
     """A KVContext's read-only surface over an opened pack (see the module docstring)."""
 
-    def __init__(self, pack: Pack):
+    def __init__(self, pack: Pack, keep=None):
         m = pack.manifest
         self.pack = pack
         self.model_fingerprint, self.tokenizer_id = m.model_fingerprint, m.tokenizer_id
@@ -33,6 +33,11 @@ class PackSegment:
         self.kept_positions = [[every if len(kept) == m.n_tokens else
                                 torch.tensor(kept, dtype=torch.long) for kept in layer]
                                for layer in m.kept]
+        self.rows = None  # block-granular: per (layer, head) the stored rows kept (`select`)
+        if keep is not None:
+            self.rows = kept_rows(self.kept_positions, keep)
+            self.kept_positions = [[h[r] for h, r in zip(held, rows)]
+                                   for held, rows in zip(self.kept_positions, self.rows)]
         self._decoded: KVContext | None = None
         self._lock = threading.Lock()
 
@@ -63,17 +68,34 @@ class PackSegment:
 
     # ------------------------------------------------------------------ tensors
     def context(self) -> KVContext:
-        """The whole pack decoded (every checksum verified), once."""
+        """The pack decoded (every checksum verified), once: only the kept rows of a
+        selection (decoded whole, then selected)."""
         with self._lock:
             if self._decoded is None:
-                self._decoded = self.pack.context()
+                whole = self.pack.context()
+                self._decoded = whole if self.rows is None else whole.select(self.kept_positions)
             return self._decoded
 
     def row_source(self) -> RowSource:
         """What the loader assembles from: the decoded context if a strategy already asked
-        for it, else the pack, decoded layer by layer."""
+        for it, else the pack, decoded layer by layer (only the selected rows)."""
         return ContextSource(self._decoded) if self._decoded is not None \
-            else PackSource(self.pack)
+            else PackSource(self.pack, self.rows)
+
+    def select(self, keep) -> "PackSegment":
+        """Block-granular: a view keeping, per (layer, head), the given positions (a subset
+        of those held); the loader dequantizes only them. Nothing is decoded here."""
+        if self.rows is not None:
+            return self.context().select(keep)
+        return PackSegment(self.pack, keep)
+
+    def held_rows(self, layer: int, head: int, kind: str, rows: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` (bool mask or indices among the head's held rows) of one head's keys
+        ("k", pre-RoPE) or values ("v"), decoded alone."""
+        if self._decoded is not None or self.rows is not None:
+            return (self.context().keys if kind == "k" else self.context().values)[layer][head][rows]
+        index = torch.nonzero(rows).flatten() if rows.dtype == torch.bool else rows
+        return stored_head(self.pack, layer, head, kind, index).decode()
 
     @property
     def keys(self):
@@ -95,6 +117,3 @@ class PackSegment:
         if key not in self.pack.manifest.side:
             return None
         return [self.pack.tensor(f"{prefix}.{layer}") for layer in range(self.n_layers)]
-
-    def select(self, keep) -> KVContext:
-        return self.context().select(keep)

@@ -115,6 +115,9 @@ class ReuseStrategy:
     implement `plan`."""
 
     name: ClassVar[str] = ""
+    # True: the strategy reads packs block by block (`PackSegment.select`, `held_rows`), so
+    # the edge hands it opened packs and a cold pack is never decoded whole for it
+    block_granular: ClassVar[bool] = False
 
     def __post_init__(self):
         validate(self)

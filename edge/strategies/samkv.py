@@ -141,6 +141,7 @@ class SamKV(ReuseStrategy):
                               "(-1: each layer by its own scores, the paper's)")
 
     name = "samkv"
+    block_granular = True  # only the kept blocks of a pack are dequantized (issue 13)
 
     # ------------------------------------------------------------------ plan
     def plan(self, rt, composed: Composed, reserve: int) -> Plan:
@@ -243,7 +244,7 @@ class SamKV(ReuseStrategy):
                     if not bool(rows.any()):
                         continue
                     qh = q[layer].view(seg.n_kv_heads, rt.group, -1)[h].float()  # (G, D)
-                    logits = seg.keys[layer][h][rows].float() @ qh.T * rt.scale   # (n, G)
+                    logits = seg.held_rows(layer, h, "k", rows).float() @ qh.T * rt.scale
                     attn.index_add_(0, ranks[rows], torch.softmax(logits, 0).sum(1))
             share = min(round(budget * d.n_tokens / composed.n_context),
                         int((attn > 0).sum()))

@@ -66,6 +66,21 @@ class Codec:
         return torch.cat(rows).reshape(params["shape"])
 
 
+def take_rows(pieces: list[Piece], rows: torch.Tensor) -> list[Piece]:
+    """Rows `rows` (sorted, unique indices into the whole tensor) of a tensor given as
+    pieces in row order, each piece cut to its share and quantized pieces left quantized
+    (`QuantizedTensor.take`). No row at all: one empty piece (the last, cut to nothing)."""
+    out, start = [], 0
+    for piece in pieces:
+        n = piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
+        lo, hi = torch.searchsorted(rows, torch.tensor([start, start + n])).tolist()
+        if hi > lo or (not out and piece is pieces[-1]):
+            local = rows[lo:hi] - start
+            out.append(piece.take(local) if isinstance(piece, QuantizedTensor) else piece[local])
+        start += n
+    return out
+
+
 def header(x: torch.Tensor) -> dict:
     """The params every codec records: the tensor's shape and dtype."""
     return {"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
