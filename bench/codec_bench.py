@@ -29,6 +29,7 @@ component (model cost counted):
 """
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -213,17 +214,41 @@ def roundtrip(p: Prepared, codec: Codec, layers=None):
 
 
 def answer_metrics(rt, lm, preps: list[Prepared], codec: Codec) -> dict:
-    kl = agree = n = same = correct = 0
-    for p in preps:
+    """Answer columns over `preps`, and `per_item`: each question's own outcome (same greedy
+    answer as the original cache, needle found, answer text) for paired tests."""
+    kl = agree = n = 0
+    per_item = []
+    for i, p in enumerate(preps):
         keys, values = roundtrip(p, codec)
         logp = forced_logp(rt, p, keys, values)
         kl += float((p.logp.exp() * (p.logp - logp)).sum())
         agree += int((logp.argmax(-1) == torch.tensor(p.answer)).sum())
         n += len(p.answer)
         out = greedy(rt, lm, p, keys, values)
-        same += out == p.answer
-        correct += p.item.answer in lm.tokenizer.decode(out, skip_special_tokens=True)
-    return {"kl": kl / n, "agree": agree / n, "same": same, "correct": correct}
+        text = lm.tokenizer.decode(out, skip_special_tokens=True)
+        per_item.append({"item": i, "same": out == p.answer,
+                         "correct": p.item.answer in text, "answer": text})
+    return {"kl": kl / n, "agree": agree / n, "same": sum(r["same"] for r in per_item),
+            "correct": sum(r["correct"] for r in per_item), "per_item": per_item}
+
+
+def paired_table(rows: list[dict], against: str) -> str:
+    """Each codec's needle answers against `against`'s on the same questions: questions only
+    one of the two answered, and the exact McNemar p of that split (bench.scoring)."""
+    from kvedge.bench.scoring import mcnemar_exact
+
+    base = next(r for r in rows if r["codec"] == against)["per_item"]
+    lines = [f"| codec | × vs fp16 | correct | only this codec | only `{against}` | McNemar p |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["codec"] == against:
+            continue
+        mine = r["per_item"]
+        only_mine = sum(a["correct"] and not b["correct"] for a, b in zip(mine, base))
+        only_base = sum(b["correct"] and not a["correct"] for a, b in zip(mine, base))
+        lines.append(f"| `{r['codec']}` | {r['ratio']:.2f} | {r['correct']}/{len(mine)} | "
+                     f"{only_mine} | {only_base} | {mcnemar_exact(only_mine, only_base):.3f} |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------- calibration
@@ -353,8 +378,13 @@ def kvtc_table(rows: list[dict]) -> str:
 @click.option("--recent", default=32, show_default=True, help="calibrated CacheGen: fp16 recent")
 @click.option("--target", default=6.2, show_default=True, help="calibrated ratio vs fp16")
 @click.option("--write", type=click.Path(dir_okay=False), help="write the markdown report here")
+@click.option("--rows", "rows_path", type=click.Path(dir_okay=False),
+              help="write every (codec, question) outcome here as JSON lines")
+@click.option("--paired-with", default=None,
+              help="codec spec the others are tested against, paired [default: the first -c]")
 @click.option("--seed", default=0, show_default=True)
-def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, write, seed):
+def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, write, rows_path,
+         paired_with, seed):
     from kvedge.common.models import DEFAULT_MODEL, load_model
     from kvedge.common.rope import Rope
     from kvedge.common.runtime import Runtime
@@ -372,6 +402,8 @@ def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, w
                                tokenizer_id=lm.tokenizer_id, queries=res.queries)
     fp16_bytes = 2 * 2 * sum(k.numel() for k in res.keys)
     specs = list(codecs or default_codecs())
+    if paired_with is not None and paired_with not in specs:
+        raise click.BadParameter(f"{paired_with!r} is not one of the -c codecs", param_hint="--paired-with")
     rows = []
     for spec in specs:
         name, options = parse_spec(spec)
@@ -400,7 +432,15 @@ def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, w
         row.update(answer_metrics(rt, lm, preps, row["codec_obj"]))
         click.echo(f"{row['codec']}: KL {row['kl']:.4f} agree {row['agree']:.3f} same "
                    f"{row['same']}/{items} correct {row['correct']}/{items}", err=True)
-    report = markdown(rows, items) + "\n\n" + ablation_table(substep_ablation(ctx))
+    report = markdown(rows, items)
+    if items and len(rows) > 1:
+        report += "\n\n" + paired_table(rows, paired_with or rows[0]["codec"])
+    if rows_path:
+        with open(rows_path, "w") as f:
+            for r in rows if items else []:
+                for q in r["per_item"]:
+                    f.write(json.dumps({"codec": r["codec"], "ratio": r["ratio"], **q}) + "\n")
+    report += "\n\n" + ablation_table(substep_ablation(ctx))
     if any("kvtc" in r for r in rows):
         report += "\n\n" + kvtc_table([r for r in rows if "kvtc" in r])
     report += "".join(f"\n\n{note}" for note in notes)

@@ -65,3 +65,15 @@ def score_question(prediction: str, question: Question) -> Score:
     found = _found(prediction, question.answers)
     hit_all, hit_any = sum(found) / len(found), float(any(found))
     return Score(hit_all, hit_any, hit_all if question.metric == "all" else hit_any)
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value for paired right/wrong outcomes: `only_a` questions
+    only method A answered, `only_b` only method B. Under H0 the discordant pairs split
+    Binomial(n, 1/2); p = min(1, 2·P[X ≤ min(only_a, only_b)]). No discordant pair: p = 1."""
+    from math import comb
+
+    n, k = only_a + only_b, min(only_a, only_b)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n)

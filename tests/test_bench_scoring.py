@@ -111,3 +111,12 @@ def test_scores_are_fractions(prediction, references):
     all_, part = string_match_all(prediction, references), string_match_part(prediction, references)
     assert 0.0 <= all_ <= part <= 1.0
     assert part == float(all_ > 0)
+
+
+def test_mcnemar_exact_by_hand():
+    from kvedge.bench.scoring import mcnemar_exact
+
+    assert mcnemar_exact(0, 0) == 1.0                       # no discordant pair
+    assert mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(5, 0) == pytest.approx(2 / 32)     # 2 · P[X ≤ 0], X ~ Bin(5, ½)
+    assert mcnemar_exact(12, 1) == mcnemar_exact(1, 12) == pytest.approx(2 * 14 / 2 ** 13)
