@@ -212,3 +212,27 @@ def test_a_damaged_layer_met_while_streaming_fails_the_request_by_name(name):
     for a, b in zip(plan.cache[0].heads(), plans[0].cache[0].heads(), strict=True):
         for x, y in ((a.keys, b.keys), (a.values, b.values), (a.positions, b.positions)):
             assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("ragged", [False, True])
+def test_block_granular_loading_equals_decoding_whole_then_selecting(codec, ragged):
+    """A selection of a pack's rows (`PackSegment.select`: blocks, scattered rows, nothing)
+    loads to the bit what decoding the pack whole and selecting gives, through the loader
+    and through `held_rows` — kvtc's inverse transform of the chosen rows alone included."""
+    rt = tiny_runtime("tiny-llama")
+    segments, decoded = packed(contexts(rt, ragged=ragged), codec)
+    gen = torch.Generator().manual_seed(3)
+    keep = [[[held[torch.rand(held.numel(), generator=gen) < share]
+              for held in layer] for layer in seg.kept_positions]
+            for seg, share in zip(segments, (0.5, 0.0, 1.0))]
+    keep[0][0][0] = segments[0].kept_positions[0][0][:8]  # one whole block
+    picked = [seg.select(k) for seg, k in zip(segments, keep)]
+    want = [ctx.select(k) for ctx, k in zip(decoded, keep)]
+    assert_same(load_cache(rt, compose(rt, picked), reserve=4),
+                reference_assemble_cache(rt, compose(rt, want), reserve=4))
+    assert all(seg._decoded is None for seg in segments + picked)
+    for layer in range(rt.n_layers):
+        rows = torch.arange(0, segments[2].kept_positions[layer][1].numel(), 3)
+        for kind, held in (("k", decoded[2].keys), ("v", decoded[2].values)):
+            assert torch.equal(segments[2].held_rows(layer, 1, kind, rows), held[layer][1][rows])

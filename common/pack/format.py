@@ -122,8 +122,11 @@ class Pack:
                 f"{model_fingerprint[:16]}…: load the model it was made for or re-encode the "
                 "context with this one")
 
-    def pieces(self, name: str) -> list[Piece]:
-        """A tensor's rows as dense or still-quantized pieces (for the fused kernel)."""
+    def pieces(self, name: str, rows: torch.Tensor | None = None) -> list[Piece]:
+        """A tensor's rows as dense or still-quantized pieces (for the fused kernel); only
+        rows `rows` (sorted indices), if given."""
+        if rows is not None:
+            return self._decode(name, lambda codec, parts, params: codec.take(parts, params, rows))
         return self._decode(name, lambda codec, parts, params: codec.pieces(parts, params))
 
     def tensor(self, name: str) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
-from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece, take_rows
+from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
@@ -104,7 +104,7 @@ class PackSource:
     entropy-decoded when its layer is assembled; quantized pieces stay quantized.
 
     `rows` (per layer and head: sorted indices among the head's stored rows) makes the
-    loading block-granular: only those rows are dequantized and rotated (`take_rows`); the
+    loading block-granular: only those rows are dequantized and rotated (`Codec.take`); the
     whole tensor is still read and checksummed, so damage anywhere is still found."""
 
     def __init__(self, pack: Pack, rows: Heads | None = None):
@@ -138,8 +138,7 @@ def stored_head(pack: Pack, layer: int, head: int, kind: str,
     stored = pack.manifest.tensors[name].params.get("dtype")
     if stored not in FLOAT_DTYPES:
         raise PackCorrupt(f"params dtype {stored!r} is not a float dtype", name)
-    pieces = pack.pieces(name)
-    return Stored(pieces if rows is None else take_rows(pieces, rows), FLOAT_DTYPES[stored])
+    return Stored(pack.pieces(name, rows), FLOAT_DTYPES[stored])
 
 
 def pack_locals(pack: Pack) -> Heads:

@@ -58,6 +58,11 @@ class Codec:
     def pieces(self, parts: Parts, params: dict) -> list[Piece]:
         raise NotImplementedError
 
+    def take(self, parts: Parts, params: dict, rows: torch.Tensor) -> list[Piece]:
+        """Only rows `rows` (sorted indices) as pieces, for block-granular loading; a codec
+        that can skip the other rows' work (kvtc's inverse transform) overrides it."""
+        return take_rows(self.pieces(parts, params), rows)
+
     def decode(self, parts: Parts, params: dict) -> torch.Tensor:
         """The tensor back, in the dtype it was encoded from (torch reference path)."""
         dtype = FLOAT_DTYPES[params["dtype"]]

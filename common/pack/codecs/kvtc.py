@@ -418,6 +418,11 @@ class Kvtc(Codec):
         return bytes_tensor(cctx.compress(symbols.numpy().tobytes()))
 
     def pieces(self, parts, params):
+        return self.take(parts, params, None)
+
+    def take(self, parts, params, rows):
+        """The sinks and the inverse transform of only the coded rows asked for (all if
+        `rows` is None): the codes are entropy-decoded whole, the matrix product is not."""
         (n, dim), head = params["shape"], int(params["sinks"])
         if not 0 <= head <= n:
             raise ValueError(f"bad sink count {head} of {n} rows")
@@ -436,8 +441,10 @@ class Kvtc(Codec):
                 raise TransformMismatch(params["transform"], f"it has no slot {s} of {dim} dims")
             mean, basis = t.mean[s], t.basis[s][keep]
         q = _symbols(parts["codes"], k, m)                              # (m, k)
-        rows = (q * steps[keep]) @ basis.float() + mean.float()
-        return [expect(parts["sink"], (head, dim), torch.float16, "sink"), rows]
+        sink = expect(parts["sink"], (head, dim), torch.float16, "sink")
+        if rows is not None:
+            sink, q = sink[rows[rows < head]], q[rows[rows >= head] - head]
+        return [sink, (q * steps[keep]) @ basis.float() + mean.float()]
 
 
 def _symbols(codes: torch.Tensor, k: int, m: int) -> torch.Tensor:

@@ -46,6 +46,13 @@ class Zstd(Codec):
         return parts, {**header(x), "inner": inner_params, "layout": layout}
 
     def pieces(self, parts, params):
+        return self.inner.pieces(self._inner_parts(parts, params), params["inner"])
+
+    def take(self, parts, params, rows):
+        return self.inner.take(self._inner_parts(parts, params), params["inner"], rows)
+
+    def _inner_parts(self, parts, params) -> dict:
+        """The inner codec's parts, each decompressed (bounded by the tensor's size)."""
         budget = 8 * math.prod(params["shape"]) + 4096  # no garbage param can allocate more
         dctx = zstandard.ZstdDecompressor()
         inner = {}
@@ -66,7 +73,7 @@ class Zstd(Codec):
             if len(raw) != size:
                 raise ValueError(f"part {name} decompressed to {len(raw)} bytes, expected {size}")
             inner[name] = from_planes(raw, dtype, shape)
-        return self.inner.pieces(inner, params["inner"])
+        return inner
 
 
 def to_planes(t: torch.Tensor) -> list[bytes]:
