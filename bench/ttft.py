@@ -6,15 +6,20 @@ before running) and `generate`'s first step (one `Runtime.forward` over the plan
 then the first token's pick). This replays that first step call by call — the same plan, the
 same forward arguments, the same greedy pick — with a clock between the calls:
 
-- `plan_s`: `strategy.plan(...)`;
-- `forward_s`: the forward through every layer (the recompute), split by the plan's own
-  per-layer callback into `full_layers_s` (layers that run every token of the run span, A3's
-  blocks 0..ℓ) and `sparse_layers_s` (layers that run the chosen tokens and the question);
-  `select_s`, inside it, is the strategy's selection (its `observe` hook);
+- `plan_s`: `strategy.plan(...)` and the cache's assembly to its last layer (every segment's
+  layers realigned: the edge's loader builds them on a thread while the forward runs, so
+  without the wait its time would hide in the forward's stalls);
+- `forward_s`: the forward through every layer (the recompute), split by layer into
+  `full_layers_s` (layers that run every token after the chat prefix — A3's blocks 0..ℓ, all
+  of recompute's) and `sparse_layers_s` (layers that run a subset: the chosen tokens and the
+  fresh ones — A3 from ℓ+1 on, every layer of a static plan such as legolink's);
+  `select_s`, inside it, is the strategy's selection (its `observe` hook; absent for a plan
+  with none: a static plan's selection is position arithmetic inside `plan_s`);
 - `first_token_s`: the LM head on the last position and the greedy pick.
 
 `phases_ttft_s` is their sum, to set beside the engine's own first_token_s of the same
-question (the two differ by clock noise and by the plan being built twice).
+question (the two differ by clock noise, by the plan being built twice, and by the loader's
+overlap with the forward, which the split gives up to time assembly on its own).
 """
 from __future__ import annotations
 
@@ -35,14 +40,12 @@ def _timed_observe(observe, spent: list[float]):
 
 
 def _timed_active(active, marks: list[tuple[float, int]]):
-    """The plan's per-layer callback, noting when each layer starts and how many tokens
-    reach it (a list or None plan is left as it is: no per-layer split then)."""
-    if not callable(active):
-        return active
-
+    """The plan's per-layer plan (None, a list or a callable) as a callable noting when each
+    layer starts and how many tokens reach it."""
     def ask(layer, current):
         at = time.perf_counter()
-        keep = active(layer, current)
+        keep = active(layer, current) if callable(active) else (
+            None if active is None else active[layer])
         marks.append((at, current.numel() if keep is None else len(keep)))
         return keep
     return ask
@@ -52,6 +55,8 @@ def ttft_phases(rt, composed, strategy, max_new_tokens: int) -> dict[str, float]
     """One question's first token, timed by phase (seconds; see the module docstring)."""
     start = time.perf_counter()
     plan = strategy.plan(rt, composed, reserve=max_new_tokens)
+    if hasattr(plan.cache, "wait"):
+        plan.cache.wait()  # the loader's layers, all built: assembly is timed in plan_s
     planned = time.perf_counter()
     selecting: list[float] = []
     marks: list[tuple[float, int]] = []
@@ -63,19 +68,22 @@ def ttft_phases(rt, composed, strategy, max_new_tokens: int) -> dict[str, float]
     GREEDY.pick(rt._logits(out.hidden, "last")[-1])  # as forward(logits="last") would
     done = time.perf_counter()
     phases = {"plan_s": planned - start, "forward_s": forwarded - planned,
-              "select_s": sum(selecting), "first_token_s": done - forwarded,
-              "phases_ttft_s": done - start}
-    return {**phases, **_layer_split(marks, plan.run_ids.numel(), forwarded)}
+              "first_token_s": done - forwarded, "phases_ttft_s": done - start}
+    if plan.observe is not None:
+        phases["select_s"] = sum(selecting)
+    after_prefix = composed.seq_len() - composed.n_prefix  # every token but the chat prefix
+    return {**phases, **_layer_split(marks, after_prefix, forwarded)}
 
 
-def _layer_split(marks: list[tuple[float, int]], n_run: int, end: float) -> dict[str, float]:
-    """Seconds in layers that ran the whole run span vs. a subset (from each layer's start,
+def _layer_split(marks: list[tuple[float, int]], n_all: int, end: float) -> dict[str, float]:
+    """Seconds in layers that ran all `n_all` tokens vs. a subset (from each layer's start,
     `marks`: (time, tokens run); the final norm counts with the last layer)."""
     if not marks:
         return {}
     starts = [at for at, _ in marks] + [end]
-    full = sum(starts[i + 1] - starts[i] for i, (_, n) in enumerate(marks) if n >= n_run)
-    return {"full_layers_s": full, "sparse_layers_s": end - starts[0] - full}
+    spans = [(starts[i + 1] - starts[i], n >= n_all) for i, (_, n) in enumerate(marks)]
+    return {"full_layers_s": sum(s for s, full in spans if full),
+            "sparse_layers_s": sum(s for s, full in spans if not full)}
 
 
 # ---------------------------------------------------------------------- loading

@@ -90,3 +90,22 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos
     scores = torch.einsum("hgqd,hkd->hgqk", q.float(), k.float()) * scale
     scores = scores.masked_fill(~visible(q_pos, k_pos, window), float("-inf"))
     return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+
+
+def key_votes(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float, window: int | None,
+              n_positions: int, reduce: str = "sum") -> torch.Tensor:
+    """Attention each cached key gets from the queries q (Hkv, G, Nq, D) rotated at q_pos,
+    per KV head, reduced over its grouped query heads and the queries: "sum" (SnapKV's vote)
+    or "max" (KVzip Eq. 8). Returns (Hkv, n_positions) indexed by position, 0 where a head
+    holds nothing; the softmax runs over every key a query sees, keys at positions ≥
+    n_positions (e.g. a probe's own) are then left out. `layer` is a cache layer (`heads()`).
+    """
+    votes = torch.zeros(q.shape[0], n_positions)
+    for group in layer.heads():
+        pos = group.positions.cpu()
+        inside = int(torch.searchsorted(pos, torch.tensor(n_positions)))  # positions sorted
+        probs = attention_probs(q[group.kv_heads], group.keys, q_pos, group.positions, scale,
+                                window)[..., :inside]  # (h, G, Nq, inside)
+        got = probs.sum(dim=(1, 2)) if reduce == "sum" else probs.amax(dim=(1, 2))
+        votes[group.kv_heads][:, pos[:inside]] = got.cpu()
+    return votes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -83,13 +83,16 @@ class Decoding:
     @classmethod
     def start(cls, rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
               max_new_tokens: int, *, sampler: Sampler = GREEDY, stop_ids: tuple[int, ...] = (),
-              active=None, observe=None, write=None, seq_len: int | None = None) -> "Decoding":
-        """Run the prompt (see `generate`) and pick the first token."""
+              active=None, observe=None, write=None, seq_len: int | None = None,
+              after_first: Callable[[KVCache], None] | None = None) -> "Decoding":
+        """Run the prompt (see `generate`), pick the first token, then `after_first(cache)`."""
         seq_len = seq_len or cache.seq_len or int(positions[-1]) + 1 + max_new_tokens
         state = cls(cache, max_new_tokens, sampler, seq_len, int(positions[-1]), stop_ids)
         out = rt.forward(ids, positions, cache, active, observe=observe, write=write,
                          seq_len=seq_len)
         state.pick(out.logits[-1])
+        if after_first is not None:
+            after_first(cache)
         return state
 
     def pick(self, logits: torch.Tensor) -> int:
@@ -115,18 +118,21 @@ class Decoding:
 def generate(rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
              max_new_tokens: int, *, sampler: Sampler = GREEDY,
              stop_ids: tuple[int, ...] = (), active=None, observe=None, write=None,
-             seq_len: int | None = None) -> Iterator[int]:
+             seq_len: int | None = None,
+             after_first: Callable[[KVCache], None] | None = None) -> Iterator[int]:
     """Yield up to `max_new_tokens` token ids: run the prompt (`ids` at `positions`, with an
     optional partial-recompute `active` plan, its `observe` hook and `write` sets), then decode
     one token at a time, appending each at the next position. Stops after a token in
-    `stop_ids` (which is yielded).
+    `stop_ids` (which is yielded). `after_first(cache)` runs once the first token is picked,
+    before any decode step (A3's eviction: what the prompt's attention showed decides which
+    rows the decoding keeps).
 
     One RoPE length for the whole request: `seq_len`, else the cache's (an assembled cache's
     keys are rotated with it), else the prompt's end + `max_new_tokens`.
     """
     state = Decoding.start(rt, cache, ids, positions, max_new_tokens, sampler=sampler,
                            stop_ids=stop_ids, active=active, observe=observe, write=write,
-                           seq_len=seq_len)
+                           seq_len=seq_len, after_first=after_first)
     while True:
         yield state.token
         if state.finished:

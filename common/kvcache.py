@@ -300,6 +300,20 @@ class RaggedKV:
 LayerKV = DenseKV | RaggedKV
 
 
+def kept_rows(layer: LayerKV, keep: list[torch.Tensor], reserve: int = 0) -> RaggedKV:
+    """The layer holding in each KV head h only its rows where keep[h] ((n_h,) bool over the
+    rows it holds, in order): eviction from a request's cache, after which attention runs
+    over exactly the kept rows. `reserve`: room per head for the tokens still to come."""
+    ks, vs, ps = [], [], []
+    for group in layer.heads():
+        for h in range(group.keys.shape[0]):
+            rows = keep[group.first + h].to(group.positions.device)
+            ks.append(group.keys[h, rows])
+            vs.append(group.values[h, rows])
+            ps.append(group.positions[rows])
+    return RaggedKV(ks, vs, ps, reserve)
+
+
 def _chain(undos: list[Undo]) -> Undo:
     """One undo running `undos` last to first."""
     def undo():

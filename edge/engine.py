@@ -119,7 +119,8 @@ class EdgeEngine:
         text = _Transcript(self.tok, stop)
         for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
                               max_new_tokens, sampler=sampler, stop_ids=(text.eos,),
-                              active=plan.active, observe=plan.observe):
+                              active=plan.active, observe=plan.observe,
+                              after_first=plan.after_first):
             piece, done = text.push(token)
             if piece:
                 yield piece
@@ -262,7 +263,7 @@ class _Answer(Job):
         return Decoding.start(rt, plan.cache, plan.run_ids, plan.run_positions,
                               self.max_new_tokens, sampler=self.sampler,
                               stop_ids=(self.text.eos,), active=plan.active,
-                              observe=plan.observe)
+                              observe=plan.observe, after_first=plan.after_first)
 
     def on_token(self, token: int) -> bool:
         piece, done = self.text.push(token)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvedge.common.attention import attention_probs
+from kvedge.common.attention import key_votes
 from kvedge.common.kvcache import truncate_cache
 
 QUERY_CHUNK = 256
@@ -33,6 +33,7 @@ def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str
     window: only the probe's last `window` queries vote (SnapKV's observation window).
     """
     last = cache.extent.end - 1
+    context = cache[0].heads()[0].positions[:n_context].cpu()  # dense: every head alike
     scores = [torch.zeros(rt.n_kv, n_context) for _ in range(rt.n_layers)]
     first_voter = len(probe_ids) - window if window else 0
 
@@ -44,14 +45,13 @@ def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str
                 vote(layer, q[:, :, rows][:, :, voters], q_pos[rows][voters], cache_layer)
 
     def vote(layer, q, q_pos, cache_layer):
-        for group in cache_layer.heads():
-            probs = attention_probs(q[group.kv_heads], group.keys, q_pos, group.positions,
-                                    rt.scale, rt.layers[layer].window)[..., :n_context]
-            mine = scores[layer][group.kv_heads]
-            if reduce == "max":
-                mine.copy_(torch.maximum(mine, probs.amax(dim=(1, 2)).cpu()))
-            else:
-                mine += probs.sum(dim=(1, 2)).cpu()
+        got = key_votes(q, q_pos, cache_layer, rt.scale, rt.layers[layer].window, last + 1,
+                        reduce)[:, context]
+        mine = scores[layer]
+        if reduce == "max":
+            mine.copy_(torch.maximum(mine, got))
+        else:
+            mine += got
 
     ids = torch.tensor(probe_ids)
     rt.forward(ids, torch.arange(last + 1, last + 1 + ids.numel()), cache, observe=observe,

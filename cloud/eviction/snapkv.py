@@ -3,19 +3,19 @@
 The proxy (a chat-wrapped, task-agnostic question) is appended after the context; its tokens
 are the observation window. Each context key's vote is the attention it receives summed over
 the window's queries and the grouped heads, smoothed by max-pooling over neighbouring tokens
-(kernel 7, as SnapKV clusters), and every head keeps the same number of pairs.
+(kernel 7, as SnapKV clusters: `kvedge.common.snapkv`, shared with A3's eviction at the
+edge), and every head keeps the same number of pairs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch.nn.functional as F
-
 from kvedge.cloud.eviction.base import EvictionMethod
 from kvedge.cloud.eviction.registry import METHODS
 from kvedge.cloud.eviction.scoring import context_cache, probe_scores
 from kvedge.common.registry import option
+from kvedge.common.snapkv import KERNEL, cluster
 
 PROXY = "What are the key facts in the text above? Answer the question about them."
 
@@ -23,7 +23,7 @@ PROXY = "What are the key facts in the text above? Answer the question about the
 @METHODS.register
 @dataclass
 class SnapKV(EvictionMethod):
-    kernel: int = option(7, 1, None, "odd width of the max-pooling over neighbouring tokens")
+    kernel: int = option(KERNEL, 1, None, "odd width of the max-pooling over neighbouring tokens")
     proxy: str = option(PROXY, help="the generic question whose tokens vote")
 
     name = "snapkv"
@@ -35,4 +35,4 @@ class SnapKV(EvictionMethod):
             return_dict=False)
         votes = probe_scores(rt, context_cache(rt, ctx), ctx.n_tokens, list(ids), reduce="sum",
                              window=len(ids))
-        return [F.max_pool1d(v[None], self.kernel, 1, self.kernel // 2)[0] for v in votes]
+        return [cluster(v, self.kernel) for v in votes]

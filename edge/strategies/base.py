@@ -9,7 +9,7 @@ and the per-layer active sets — then the runtime decodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -106,6 +106,8 @@ class Plan:
     active: ActivePlan | None = None    # per-layer positions, or decided layer by layer
     recomputed: int = 0                 # context tokens recomputed at full depth
     observe: Observer | None = None     # what the plan watches while it runs (selection)
+    after_first: Callable[[KVCache], None] | None = None  # on the cache once the first token
+    #                                     is picked, before decoding (A3's SnapKV eviction)
 
 
 @dataclass

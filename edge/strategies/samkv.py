@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kvedge.common.kvcache import KVCache, RaggedKV
+from kvedge.common.kvcache import KVCache, kept_rows
 from kvedge.common.registry import option
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
 from kvedge.edge.strategies.registry import STRATEGIES
@@ -361,14 +361,7 @@ def segment_positions(docs: list[Regions], blocks: list[torch.Tensor]) -> torch.
 
 def drop_rows(cache: KVCache, gone: list[torch.Tensor], reserve: int) -> KVCache:
     """The cache without the positions gone[l] at layer l (the padding, after the pass)."""
-    layers = []
-    for layer, drop in zip(cache, gone):
-        ks, vs, ps = [], [], []
-        for g in layer.heads():
-            keep = ~torch.isin(g.positions, drop)
-            for h in range(g.keys.shape[0]):
-                ks.append(g.keys[h, keep])
-                vs.append(g.values[h, keep])
-                ps.append(g.positions[keep])
-        layers.append(RaggedKV(ks, vs, ps, reserve))
+    layers = [kept_rows(layer, [~torch.isin(g.positions, drop) for g in layer.heads()
+                                for _ in range(g.keys.shape[0])], reserve)
+              for layer, drop in zip(cache, gone)]
     return KVCache(layers, cache.extent, cache.seq_len)
