@@ -23,6 +23,7 @@ from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
 from kvedge.common.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
+from kvedge.edge import DEFAULT_STRATEGY
 
 # docs/bench.md's external reference points: a choice among kvpress_ref.PRESSES
 KVPRESS_METHODS = [f"{KVPRESS}{p}" for p in ("full", "kvzip", "snapkv")]
@@ -208,16 +209,19 @@ def _check_names(tasks, methods, strategies) -> None:
                                      f"{', '.join(sorted(known[kind]))}")
 
 
-def _check_codec(ctx, param, spec: str) -> str:
-    """A codec the registry knows, refused before any model loads."""
-    from kvedge.common.pack.codecs import get_codec
+def _check_codecs(ctx, param, values: tuple[str, ...]) -> list[str]:
+    """`--codec a,b --codec c` → [a, b, c] (default: [DEFAULT_CODEC]), each a codec the
+    registry builds, refused before any model loads."""
+    from kvedge.common.pack.codecs import get_codec, split_specs
     from kvedge.common.pack.errors import UnknownCodec
 
-    try:
-        get_codec(spec)
-    except UnknownCodec as err:
-        raise click.BadParameter(str(err)) from None
-    return spec
+    specs = list(dict.fromkeys(s for v in values for s in split_specs(v))) or [DEFAULT_CODEC]
+    for spec in specs:
+        try:
+            get_codec(spec)
+        except UnknownCodec as err:  # an unknown option too (InvalidCodecOption)
+            raise click.BadParameter(str(err)) from None
+    return specs
 
 
 @click.group("bench")
@@ -231,8 +235,10 @@ def bench():
 @click.option("--quick", is_flag=True, help="same as --preset quick")
 @click.option("--model", default=None, help=f"[default: {DEFAULT_MODEL}]")
 @click.option("--out", "out_dir", type=click.Path(), default="bench/results", show_default=True)
-@click.option("--codec", default=DEFAULT_CODEC, show_default=True, callback=_check_codec,
-              help="pack codec of the documents (a cell of another codec is a new cell)")
+@click.option("--codec", "codecs", multiple=True, callback=_check_codecs,
+              help=f"pack codec of the documents [default: {DEFAULT_CODEC}]; several "
+              "(comma list or repeated) cross every cell with each; an evicted context is "
+              "encoded after eviction, as a batch job does")
 @click.option("--suite", type=click.Choice(["evict", "reuse"]), default=None,
               help="run one suite only")
 @click.option("--tasks", callback=_csv(),
@@ -247,7 +253,7 @@ def bench():
               help="recompute ratios of the strategies with a ratio option")
 @click.option("--sweep", "sweeps", multiple=True, callback=_sweep,
               help="STRATEGY:OPTION=V1,V2 (repeatable): that option's settings, crossed")
-@click.option("--breakdown", default="a3", show_default=True,
+@click.option("--breakdown", default=DEFAULT_STRATEGY, show_default=True,
               help="strategy (at its defaults) whose TTFT is timed by phase; '' for none")
 @click.option("--items", type=click.IntRange(1), default=None,
               help=f"items per cell (questions, for {', '.join(DATASETS)})")
@@ -262,7 +268,7 @@ def bench():
 @click.option("--doc-tokens", type=click.IntRange(50), default=None,
               help=f"{FACTS} documents of about this many tokens, one pack each (SamKV's "
               "suite: 1500); cells do not record it: give such a run its own --out")
-def run_cmd(preset_name, quick, model, out_dir, codec, breakdown, anchored, doc_tokens,
+def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens,
             **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md."""
     from tqdm import tqdm
@@ -277,7 +283,7 @@ def run_cmd(preset_name, quick, model, out_dir, codec, breakdown, anchored, doc_
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens)
-    rows = run_grid(p, results, runner.run, codec=codec,
+    rows = run_grid(p, results, runner.run, codecs=codecs,
                     progress=lambda cells: tqdm(cells, desc="cells"))
     click.echo(f"{len(rows)} new cells → {results}")
     click.echo(f"report: {write_report(results, out)}")
@@ -307,7 +313,8 @@ def report_cmd(out_dir):
               help="concurrent clients, one round each (the first is the baseline)")
 @click.option("--questions", "per_client", type=click.IntRange(1), default=4,
               show_default=True, help="questions each client asks, one after another")
-@click.option("--strategy", default="", help="reuse strategy [default: the edge's, a3]")
+@click.option("--strategy", default="",
+              help=f"reuse strategy [default: the edge's, {DEFAULT_STRATEGY}]")
 @click.option("--top-k", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(1), default=48, show_default=True)
 @click.option("--kb", "kb_dir", type=click.Path(exists=True, file_okay=False), default=None,

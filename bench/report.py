@@ -4,22 +4,28 @@
 returned, string_match_part where references are aliases), averaged over the cell's questions;
 "of ceiling" divides it by the same-run ceiling's (recompute for reuse, full KV for eviction).
 Cells that did not measure something (kvpress's per-token times and KV bytes) show "—".
-kvpress's presses are divided by kvpress's own full cache on the same items (`kvpress-full`,
-fp32 KV through transformers) when the results hold it, ours by our full KV (the packs' codec):
-each pipeline against its own ceiling. Reuse rows also get a frontier per task × length —
-accuracy and median TTFT as fractions of recompute's, one point per strategy setting — and,
-where a cell timed its first token by phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt
-cells asked other than the default questions per prompt are their own task ("multidoc-facts
-×4").
+An eviction cell (method × budget × codec) has two ceilings: "of full KV" divides by full KV
+uncompressed (fp16 packs) on the same questions — the yardstick a target like "≥ 92 % of
+full-KV accuracy" means —, "of full, same codec" by full KV in the cell's own codec (what
+eviction alone costs); "× vs fp16" is the context's full KV in fp16 (tokens × layers × KV
+heads × head dim × K,V × 2 bytes) over the bytes the cell ships (its pack). kvpress's presses
+are divided by kvpress's own full cache on the same items (`kvpress-full`, fp32 KV through
+transformers) when the results hold it, ours by ours: each pipeline against its own ceiling.
+Eviction rows also get the bytes-vs-accuracy frontier (`kvedge.bench.codec_frontier`).
+Reuse rows get a frontier per task × length — accuracy and median TTFT as fractions of
+recompute's, one point per strategy setting — and, where a cell timed its first token by
+phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt cells asked other than the default
+questions per prompt are their own task ("multidoc-facts ×4").
 """
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from kvedge.bench.datasets import DATASETS
-from kvedge.bench.runner import KVPRESS
+from kvedge.bench.runner import KVPRESS, LEGACY_CODEC, REFERENCE_CODEC
 
 
 def load(path: Path) -> list[dict]:
@@ -36,6 +42,29 @@ def acc(r: dict) -> tuple[float | None, float | None]:
     if r.get("score") is not None:
         return r["score"], r.get("score_ratio")
     return r.get("any"), r.get("any_ratio")
+
+
+def codec_of(r: dict) -> str:
+    return r.get("codec", LEGACY_CODEC)
+
+
+def fewer_bytes(r: dict) -> float | None:
+    """× fewer bytes than the context's full KV in fp16, as the cell ships it."""
+    return r["fp16_bytes"] / r["shipped_bytes"] if r.get("fp16_bytes") and r.get(
+        "shipped_bytes") else None
+
+
+def full_kv_acc(r: dict) -> float | None:
+    """Full KV uncompressed's accuracy on the cell's questions: recorded beside the cell, or
+    (rows from before it was) the cell's own ceiling where that was fp16 full KV."""
+    if r.get("full_kv_score") is not None:
+        return r["full_kv_score"]
+    return _ceiling_acc(r) if codec_of(r) == REFERENCE_CODEC else None
+
+
+def of_full_kv(r: dict) -> float | None:
+    a, base = acc(r)[0], full_kv_acc(r)
+    return a / base if a is not None and base else None
 
 
 def _compress_ratio(r: dict) -> float | None:
@@ -59,15 +88,15 @@ def setting(r: dict) -> str:
 
 def _table(names: tuple[str, str], columns: list[str], rows: list[dict], budget_order: int,
            rest) -> list[str]:
-    """Rows sorted by task, length, method and budget (ascending if budget_order is 1,
-    descending if -1): the columns every table shares (the method and budget columns named
-    `names`), then `rest(r)`'s cells, then q."""
-    head = ["task", "length", *names, "acc", *columns, "q"]
+    """Rows sorted by task, length, method, codec and budget (ascending if budget_order is
+    1, descending if -1): the columns every table shares (the method and budget columns
+    named `names`, the codec, the accuracy), then `rest(r)`'s cells, then q."""
+    head = ["task", "length", *names, "codec", "acc", *columns, "q"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (task_label(r), r["length"], name(r),
+    for r in sorted(rows, key=lambda r: (task_label(r), r["length"], name(r), codec_of(r),
                                          budget_order * r["budget"])):
-        cells = [task_label(r), r["length"], name(r), f"{r['budget']:g}", *map(_fmt, acc(r)),
-                 *rest(r), r["questions"]]
+        cells = [task_label(r), r["length"], name(r), f"{r['budget']:g}", codec_of(r),
+                 _fmt(acc(r)[0]), *rest(r), r["questions"]]
         out.append("| " + " | ".join(map(str, cells)) + " |")
     return out
 
@@ -76,16 +105,17 @@ def reuse_table(rows: list[dict]) -> list[str]:
     columns = ["of ceiling", "TTFT s", "TTFT / recompute", "TPOT ms", "KV MB", "KV / full",
                "sequence ratio", "recomputed tok"]
     return _table(("strategy", "ratio"), columns, rows, 1, lambda r: [
-        _fmt(r.get("first_token_s"), ".3f"), _fmt(r.get("first_token_s_ratio")),
+        _fmt(acc(r)[1]), _fmt(r.get("first_token_s"), ".3f"), _fmt(r.get("first_token_s_ratio")),
         _fmt(r.get("tpot_s"), ".0f", 1e3), _fmt(r.get("kv_bytes"), ".2f", 1e-6),
         _fmt(r.get("kv_bytes_ratio")), _fmt(r.get("sequence_ratio")),
         _fmt(r.get("recomputed"), ".0f")])
 
 
 def evict_table(rows: list[dict]) -> list[str]:
-    columns = ["of full KV", "KV MB", "KV / full", "shipped MB", "compress s",
-               "compress / prefill"]
+    columns = ["of full KV", "of full, same codec", "× vs fp16", "KV MB", "KV / full",
+               "shipped MB", "compress s", "compress / prefill"]
     return _table(("method", "budget"), columns, rows, -1, lambda r: [
+        _fmt(of_full_kv(r)), _fmt(acc(r)[1]), _fmt(fewer_bytes(r), ".1f"),
         _fmt(r.get("kv_bytes"), ".2f", 1e-6), _fmt(r.get("kv_bytes_ratio")),
         _fmt(r.get("shipped_bytes"), ".2f", 1e-6), _fmt(r.get("compress_s")),
         _fmt(_compress_ratio(r), ".1f")])
@@ -100,7 +130,9 @@ def rebase_kvpress(rows: list[dict]) -> list[dict]:
         base = own.get((r["task"], r["length"], r["items"], r["seed"]))
         if r["method"].startswith(KVPRESS) and base and base.get("score") is not None:
             b = base["score"]
-            r = {**r, "ceiling_score": b, "score_ratio": r["score"] / b if b else None}
+            ratio = r["score"] / b if b else None
+            r = {**r, "ceiling_score": b, "score_ratio": ratio, "full_kv_score": b,
+                 "full_kv_ratio": ratio}
         out.append(r)
     return out
 
@@ -109,30 +141,52 @@ def _ceiling_acc(r: dict) -> float | None:
     return r.get("ceiling_score") if r.get("score") is not None else r.get("ceiling_any")
 
 
-def summary(rows: list[dict]) -> dict[tuple[str, float], tuple[float, float | None, int, int]]:
-    """(method, budget) → (accuracy pooled over every question of its cells, the same pooled
-    over their same-run ceilings' — so a method run on fewer tasks is compared on those —,
-    questions, task × length pairs)."""
-    pooled = defaultdict(lambda: [0.0, 0.0, 0, set()])
+class Pooled(NamedTuple):
+    """A (method, budget, codec)'s cells pooled over every question: accuracy, the same pooled
+    over their ceilings' (None where a cell has none), questions, task × length pairs, and
+    × fewer bytes than fp16 full KV (None where a cell did not measure it)."""
+
+    acc: float
+    of_ceiling: float | None
+    questions: int
+    groups: int
+    fewer_bytes: float | None
+
+
+def summary(rows: list[dict], ceiling_acc=_ceiling_acc) -> dict[tuple[str, float, str], Pooled]:
+    """(method, budget, codec) → Pooled; a cell's ceiling accuracy is `ceiling_acc(row)` (the
+    same run's by default), so a method run on fewer tasks is compared on those."""
+    cells = defaultdict(list)
     for r in rows:
-        a, base = acc(r)[0], _ceiling_acc(r)
-        if a is None:
-            continue
-        cell = pooled[(name(r), r["budget"])]
-        cell[0] += a * r["questions"]
-        cell[1] += (base or 0.0) * r["questions"]
-        cell[2] += r["questions"]
-        cell[3].add((task_label(r), r["length"]))
-    return {k: (s / n, s / b if b else None, n, len(tasks))
-            for k, (s, b, n, tasks) in pooled.items() if n}
+        if acc(r)[0] is not None and r["questions"]:
+            cells[(name(r), r["budget"], codec_of(r))].append(r)
+    return {key: _pool(group, ceiling_acc) for key, group in cells.items()}
 
 
-def summary_table(rows: list[dict], what: str, ceiling: str) -> list[str]:
-    out = [f"| {what} | budget | acc (pooled) | of {ceiling} | questions | task × length |",
-           "|---|---|---|---|---|---|"]
-    for (method, budget), (a, ratio, n, t) in sorted(summary(rows).items(),
-                                                     key=lambda kv: (kv[0][0], -kv[0][1])):
-        out.append(f"| {method} | {budget:g} | {a:.2f} | {_fmt(ratio)} | {n} | {t} |")
+def _pool(rows: list[dict], ceiling_acc) -> Pooled:
+    def total(value) -> float | None:
+        values = [value(r) for r in rows]
+        return None if None in values else sum(v * r["questions"] for v, r in zip(values, rows))
+
+    n = sum(r["questions"] for r in rows)
+    a, base = total(lambda r: acc(r)[0]), total(ceiling_acc)
+    fp16, shipped = total(lambda r: r.get("fp16_bytes")), total(lambda r: r.get("shipped_bytes"))
+    return Pooled(a / n, a / base if base else None, n,
+                  len({(task_label(r), r["length"]) for r in rows}),
+                  fp16 / shipped if fp16 and shipped else None)
+
+
+def summary_table(rows: list[dict], what: str, ceiling: str, ceiling_acc=_ceiling_acc,
+                  with_bytes: bool = False) -> list[str]:
+    extra = ["× vs fp16"] if with_bytes else []
+    head = [what, "budget", "codec", "acc (pooled)", f"of {ceiling}", *extra, "questions",
+            "task × length"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (method, budget, codec), p in sorted(summary(rows, ceiling_acc).items(),
+                                             key=lambda kv: (kv[0][0], kv[0][2], -kv[0][1])):
+        cells = [method, f"{budget:g}", codec, f"{p.acc:.2f}", _fmt(p.of_ceiling),
+                 *([_fmt(p.fewer_bytes, ".1f")] if with_bytes else []), p.questions, p.groups]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
     return out
 
 
@@ -212,7 +266,8 @@ def tables(rows: list[dict]) -> str:
     evict = [r for r in rows if r["suite"] == "evict"]
     if evict:
         out += ["## Eviction methods (KBQA path: compressed once, asked every question)", "",
-                "Pooled over tasks:", "", *summary_table(evict, "method", "full"), "",
+                "Pooled over tasks:", "",
+                *summary_table(evict, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
     return "\n".join(out)
 
@@ -230,16 +285,18 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         cols = min(3, len(groups))
         rows_n = -(-len(groups) // cols)
         fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
+        several = len({codec_of(r) for r in evict}) > 1
         for ax, (task, length) in zip(axes.flat, groups):
             by_method = defaultdict(list)
             for r in evict:
                 if (r["task"], r["length"]) == (task, length):
-                    by_method[r["method"]].append((r["budget"], acc(r)[1] or 0.0))
+                    label = f"{r['method']} · {codec_of(r)}" if several else r["method"]
+                    by_method[label].append((r["budget"], acc(r)[1] or 0.0))
             for method, points in sorted(by_method.items()):
                 ax.plot(*zip(*sorted(points)), marker="o", label=method,
                         linestyle="--" if method.startswith(KVPRESS) else "-")
             ax.set(title=f"{task} @ {length}", xlabel="KV budget (fraction kept)",
-                   ylabel="accuracy / full KV")
+                   ylabel="accuracy / full KV, same codec")
         for ax in axes.flat[len(groups):]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
@@ -247,6 +304,10 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         written.append(folder / "accuracy_vs_budget.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
+    if any(fewer_bytes(r) for r in evict):
+        from kvedge.bench.codec_frontier import bytes_frontier_plot
+
+        written.append(bytes_frontier_plot(rows, folder / "bytes_frontier.png"))
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
         fig, ax = plt.subplots(figsize=(6, 4))

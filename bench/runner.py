@@ -21,13 +21,14 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 KVPRESS = "kvpress-"  # prefix of kvpress's presses (evict suite; kvedge.bench.kvpress_ref)
 UNBUDGETED = ("full", f"{KVPRESS}full")  # ceilings: one cell each, budget 1
 LEGACY_CODEC = "fp16"  # the packs' codec of rows written before the key held it
+REFERENCE_CODEC = "fp16"  # full KV uncompressed: eviction's base, the yardstick of "of full KV"
 
 
 @dataclass(frozen=True)
@@ -76,20 +77,23 @@ class Preset:
     #   option → values, crossed; its "ratio" list replaces `ratios` for that strategy
     per_prompt: int | None = None  # questions per fact prompt (None: QUESTIONS_PER_PROMPT)
 
-    def cells(self, codec: str = DEFAULT_CODEC) -> list[Cell]:
-        cells = [c for p in self.also for c in p.cells(codec)]
+    def cells(self, *codecs: str) -> list[Cell]:
+        """Every cell, each setting crossed with every codec (default: DEFAULT_CODEC) —
+        kvpress's presses once, at the first: they never read our packs."""
+        codecs = codecs or (DEFAULT_CODEC,)
+        cells = [c for p in self.also for c in p.cells(*codecs)]
         for task, length in itertools.product(self.reuse_tasks, self.reuse_lengths):
             per_prompt = fact_prompt_size(task, self.per_prompt)
-            for method in self.strategies:
+            for method, codec in itertools.product(self.strategies, codecs):
                 cells += [Cell("reuse", task, length, method, r, self.items, codec=codec,
                                options=o, per_prompt=per_prompt)
                           for r, o in settings(method, self.ratios, self.sweeps.get(method, {}))]
-        for task in self.evict_tasks:
-            for length in self.evict_lengths:
-                for method in self.methods:
-                    budgets = [1.0] if method in UNBUDGETED else self.budgets
-                    cells += [Cell("evict", task, length, method, b, self.items, codec=codec)
-                              for b in budgets]
+        for task, length, method in itertools.product(self.evict_tasks, self.evict_lengths,
+                                                      self.methods):
+            budgets = [1.0] if method in UNBUDGETED else self.budgets
+            for codec in codecs[:1] if method.startswith(KVPRESS) else codecs:
+                cells += [Cell("evict", task, length, method, b, self.items, codec=codec)
+                          for b in budgets]
         return list(dict.fromkeys(cells))
 
 
@@ -145,12 +149,12 @@ def done_keys(path: Path) -> set[str]:
 
 def run_grid(preset: Preset, out: Path, run_cell: Callable[[Cell], dict],
              progress: Callable[[Iterator], Iterator] = iter,
-             codec: str = DEFAULT_CODEC) -> list[dict]:
-    """Run every cell not yet in `out` (JSON lines), its packs in `codec`; returns the new
-    rows."""
+             codecs: Sequence[str] = (DEFAULT_CODEC,)) -> list[dict]:
+    """Run every cell not yet in `out` (JSON lines), each setting once per codec of its
+    packs; returns the new rows."""
     out.parent.mkdir(parents=True, exist_ok=True)
     finished = done_keys(out)
-    todo = [c for c in preset.cells(codec) if c.key not in finished]
+    todo = [c for c in preset.cells(*codecs) if c.key not in finished]
     rows = []
     for cell in progress(todo):
         start = time.perf_counter()

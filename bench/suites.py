@@ -4,39 +4,43 @@ Packs are made by the cloud's `PrefillEngine` (`segment` + `encode`, as ingest d
 files as the edge's pack cache keeps them, and read back with the edge's `read_pack` (timed:
 the pack load of an edge-cache miss); prompts are composed and answered by the edge's
 `EdgeEngine`; eviction is the cloud's method registry, the one batch jobs run (its `scores`
-once per context, its `keep` per budget). Packs are encoded with the cell's codec. Ceilings
-(recompute / full KV) are measured in the same process on the same items and cached per item
-and codec, so every ratio is side by side. The recompute ceiling prefills each prompt once
-(`SharedContext`): its first question by a real, timed full prefill (that TTFT is the prompt's
-recompute TTFT, recorded for each of its questions), the others by their own tokens over that
-prefill's [chat prefix][documents] KV — the same tokens, up to float rounding. `kvpress-*`
-methods are NVIDIA kvpress's presses on the same model and token ids, run in a child process
-(`kvedge.bench.kvpress_ref`): external reference points, never our code. A reuse cell runs
-one strategy setting (`Cell.options`); the `breakdown` strategy's cells also time its first
-token by phase (`kvedge.bench.ttft`).
+once per context, its `keep` per budget). Packs are encoded with the cell's codec; an evicted
+context as a batch job makes it (`kvctl job submit --method M --budget B --codec C`): evicted
+from the uncompressed (fp16) context, then encoded in C and read back. Ceilings (recompute /
+full KV in the cell's codec) are measured in the same process on the same items and cached
+per item and codec, so every ratio is side by side; an eviction cell is also measured against
+full KV uncompressed (`REFERENCE_CODEC`), the yardstick of accuracy and of bytes. The
+recompute ceiling prefills each prompt once (`SharedContext`): its first question by a real,
+timed full prefill (that TTFT is the prompt's recompute TTFT, recorded for each of its
+questions), the others by their own tokens over that prefill's [chat prefix][documents] KV —
+the same tokens, up to float rounding. `kvpress-*` methods are NVIDIA kvpress's presses on
+the same model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external
+reference points, never our code. A reuse cell runs one strategy setting (`Cell.options`);
+the `breakdown` strategy's cells also time its first token by phase (`kvedge.bench.ttft`).
 """
 from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
 import torch
 
 from kvedge.bench.datasets import QAItem, load_items
-from kvedge.bench.runner import KVPRESS, Cell, strategies_with_ratio
+from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
 from kvedge.bench.ttft import ttft_phases
 from kvedge.common.pack.codecs import DEFAULT_CODEC
+from kvedge.edge import DEFAULT_STRATEGY
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
-           "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens", "load_s",
-           "sequence_ratio")
+           "fp16_bytes", "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens",
+           "load_s", "sequence_ratio")
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes")
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
@@ -50,8 +54,8 @@ class Bench:
     model: str
     max_new_tokens: int = 24            # the floor; questions with long references get more
     segment_tokens: int = SEGMENT_TOKENS
-    breakdown: str | None = "a3"        # the strategy (at its defaults) whose TTFT is split
-    #                                     by phase: the edge's default
+    breakdown: str | None = DEFAULT_STRATEGY  # the strategy (at its defaults) whose TTFT is
+    #                                     split by phase: the edge's default
     anchored: bool = False              # packs prefilled behind the chat prefix, as the
     #                                     gateway's `anchored` ingest does (decision 9)
     doc_tokens: int | None = None       # fact documents' length (SamKV needs ≥ 1.5K-token
@@ -103,8 +107,8 @@ class Bench:
             self._packs[key] = out
         return self._packs[key]
 
-    def load(self, path: Path):
-        """A pack file as the edge reads it (checksums verified)."""
+    def load(self, path: Path | bytes):
+        """A pack (file or bytes) as the edge reads it (checksums verified)."""
         from kvedge.common.pack.format import read_pack
 
         return read_pack(path, self.prefill.loaded.fingerprint)
@@ -121,6 +125,13 @@ class Bench:
     def run(self, cell: Cell) -> dict:
         items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
                            self.prefill.loaded.tokenizer, self.doc_tokens, cell.per_prompt)
+        row = self._run(cell, items)
+        if cell.suite == "evict":
+            full = replace(cell, codec=REFERENCE_CODEC)
+            row.update(against_full(row, [o for i in items for o in self._ceiling(i, full)]))
+        return row
+
+    def _run(self, cell: Cell, items: list[QAItem]) -> dict:
         ceilings = [o for item in items for o in self._ceiling(item, cell)]
         if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
             return summarize(ceilings, ceilings)  # the ceiling is its own cell
@@ -183,14 +194,14 @@ class Bench:
         rows = self._reuse(item, SharedContext(), codec)
         return [{**row, "first_token_s": rows[0]["first_token_s"]} for row in rows]
 
-    def _compressed(self, item: QAItem, ctx, method: str, budget: float, codec: str):
+    def _compressed(self, item: QAItem, ctx, method: str, budget: float):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
-        computed once per (item, method, codec) and each budget only keeps its share; the
-        seconds reported are scoring + keeping, as one compression job would spend."""
+        computed once per (item, method) and each budget only keeps its share; the seconds
+        reported are scoring + keeping, as one compression job would spend."""
         from kvedge.cloud.eviction import get_method
 
         m = get_method(method, budget)
-        key = (item.key, method, codec)
+        key = (item.key, method)
         if key not in self._scores:
             start = time.perf_counter()
             self._scores[key] = (m.scores(self.prefill.rt, ctx), time.perf_counter() - start)
@@ -203,10 +214,10 @@ class Bench:
         (ctx, _), = self.packs("".join(item.documents), True, codec)
         return ctx
 
-    def _prefill_seconds(self, item: QAItem, codec: str) -> float:
+    def _prefill_seconds(self, item: QAItem) -> float:
         """A plain prefill of the item's whole context, timed once: compression's yardstick."""
         if item.key not in self._prefill_s:
-            ids = torch.tensor(self._context(item, codec).token_ids)
+            ids = torch.tensor(self._context(item, REFERENCE_CODEC).token_ids)
             start = time.perf_counter()
             self.prefill.rt.prefill(ids, logits="none")
             self._prefill_s[item.key] = time.perf_counter() - start
@@ -214,16 +225,26 @@ class Bench:
 
     def _evict(self, item: QAItem, method: str, budget: float, codec: str) -> list[dict]:
         """Compress the whole context once, then answer every question from it (PIE over the
-        compressed, realigned context: the KBQA serving path)."""
+        compressed, realigned context: the KBQA serving path). `full`: the context's pack in
+        `codec`; a method: as a batch job, evicted from the uncompressed context, then
+        encoded in `codec` (bound to the model's kvtc transform, as a worker binds it) and
+        read back."""
+        from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.format import encode_pack
         from kvedge.edge.strategies import get_strategy
 
-        ctx, compress_s = self._context(item, codec), None
-        if method != "full":
-            ctx, compress_s = self._compressed(item, ctx, method, budget, codec)
-        shipped = len(encode_pack(ctx, codec))
-        prefill_s = self._prefill_seconds(item, codec) if method != "full" else None
-        extra = {"shipped_bytes": shipped, "compress_s": compress_s, "prefill_s": prefill_s}
+        full = self._context(item, REFERENCE_CODEC)
+        extra = {"fp16_bytes": self.prefill.fp16_bytes(full.n_tokens), "compress_s": None,
+                 "prefill_s": None}
+        if method == "full":
+            (path, extra["shipped_bytes"]), = self.pack_files("".join(item.documents), True,
+                                                              codec)
+            ctx = self.load(path)
+        else:
+            kept, extra["compress_s"] = self._compressed(item, full, method, budget)
+            data = encode_pack(kept, codec_for_model(codec, self.prefill.rt))
+            ctx, extra["shipped_bytes"] = self.load(data), len(data)
+            extra["prefill_s"] = self._prefill_seconds(item)
         return [{**self._ask([ctx], get_strategy("pie"), q), **extra} for q in item.questions]
 
     def _kvpress(self, items: list[QAItem], press: str, budget: float,
@@ -333,6 +354,13 @@ def breakdown(outcomes: list[dict]) -> dict | None:
     out = {k: _median(timed, f"phase_{k}") for k in PHASES}
     return {"load_s": _median(timed, "load_s"), **out,
             "engine_first_token_s": _median(timed, "first_token_s"), "questions": len(timed)}
+
+
+def against_full(row: dict, reference: list[dict]) -> dict:
+    """An eviction cell's accuracy beside full KV uncompressed's on the same questions."""
+    full = _mean(reference, "score")
+    ratio = row["score"] / full if row.get("score") is not None and full else None
+    return {"full_kv_score": full, "full_kv_ratio": ratio}
 
 
 def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import click
 
-from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord
+from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord, variant_name
+from kvedge.common.auth import InvalidName, check_variant
 from kvedge.common.cli import RegistryChoice
 from kvedge.common.errors import BadInput, InvalidRequest, KvedgeError, ModelMismatch
 from kvedge.common.models import DEFAULT_MODEL
@@ -50,6 +51,10 @@ def check_spec(method: str, budget: float, codec: str) -> None:
     except InvalidRequest as err:
         raise BadInput(str(err)) from None
     get_codec(codec)
+    try:  # the variant is asked by name: one the edge would refuse is refused here
+        check_variant(variant_name(method, budget, codec))
+    except InvalidName as err:
+        raise BadInput(f"codec spec {codec!r} cannot name the job's variant: {err}") from None
 
 
 @dataclass(frozen=True)

@@ -45,16 +45,17 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-VARIANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,127}")
+VARIANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=:,-]{0,127}")
 
 
 def check_variant(variant: str) -> str:
-    """A KB variant ("" = the base; a batch job names its variant "method-budget-codec", e.g.
-    "contrastkv-0.2-int4+zstd"): becomes part of a file name on the edge, so no separators."""
+    """A KB variant ("" = the base; a batch job names its variant "method-budget-codec" with the
+    codec spec as written, e.g. "contrastkv-0.2-int4+zstd", "kvzip-0.2-kvtc:bits=3,embed=false"):
+    becomes part of a file name on the edge, so no separators."""
     if variant and (not isinstance(variant, str) or not VARIANT_RE.fullmatch(variant)
                     or ".." in variant):
         raise InvalidName(f"invalid variant name {variant!r}: use up to 128 letters, digits, "
-                          "'_', '-', '.', '+' or '=', starting with a letter or digit")
+                          "'_', '-', '.', '+', '=', ':' or ',', starting with a letter or digit")
     return variant
 
 

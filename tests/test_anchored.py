@@ -84,6 +84,13 @@ class LocalPool:
     def encode_all(self, segments, namespace, codec, anchored=False):
         return (self.engine.encode(s, namespace, codec, anchored) for s in segments)
 
+    def compress_all(self, packs, method, budget, codec, cancelled=None):
+        for index, data in packs:
+            try:
+                yield index, self.engine.compress(index, data, method, budget, codec)
+            except Exception as err:  # noqa: BLE001 - reported per context, as Ray's pool does
+                yield index, err
+
 
 @pytest.mark.parametrize("anchored", [False, True])
 def test_the_gateways_anchored_option_reaches_every_pack(tmp_path, anchored):

@@ -122,7 +122,46 @@ def test_a_cells_key_names_its_codec_and_older_results_still_count(tmp_path):
     results.write_text(json.dumps(old) + "\n" + json.dumps({**asdict(cell), "key": cell.key})
                        + "\n")
     assert done_keys(results) == {cell.key}
-    assert len(run_grid(p, results, lambda c: {}, codec="int8")) == len(p.cells("int8"))
+    assert len(run_grid(p, results, lambda c: {}, codecs=["int8"])) == len(p.cells("int8"))
+
+
+def test_codecs_cross_every_cell_and_the_cli_takes_lists_of_them(tmp_path):
+    import click
+    import pytest
+
+    from kvedge.bench.cli import _check_codecs
+    from kvedge.common.pack.codecs import DEFAULT_CODEC
+
+    assert _check_codecs(None, None, ("int8+zstd,kvtc:bits=3,embed=false", "int4+zstd",
+                                      "int8+zstd")) == ["int8+zstd", "kvtc:bits=3,embed=false",
+                                                        "int4+zstd"]
+    assert _check_codecs(None, None, ()) == [DEFAULT_CODEC]
+    with pytest.raises(click.BadParameter, match="bitz"):
+        _check_codecs(None, None, ("int8,kvtc:bitz=3",))
+    out = CliRunner().invoke(bench, ["run", "--codec", "int8+zstd,int5", "--out", str(tmp_path)])
+    assert out.exit_code != 0 and "unknown codec 'int5'" in out.output
+    p = preset("tasks", "tiny-llama")
+    one, two = p.cells("int8+zstd"), p.cells("int8+zstd", "kvtc:bits=2")
+    kvpress = [c for c in two if c.method.startswith("kvpress-")]
+    assert kvpress and {c.codec for c in kvpress} == {"int8+zstd"}  # never reads our packs
+    assert len(two) == 2 * len(one) - len(kvpress)
+    assert {c.codec for c in two if c.method == "full"} == {"int8+zstd", "kvtc:bits=2"}
+
+
+def test_eviction_cells_evict_then_encode_against_one_uncompressed_full_kv(tmp_path):
+    """As a batch job: scored once on the uncompressed context, kept, then encoded per codec;
+    every cell beside the same full KV in fp16 (accuracy) and the same fp16 bytes."""
+    p = preset("quick", "tiny-llama")
+    p.reuse_tasks, p.methods, p.items, p.max_new_tokens = [], ["full", "contrastkv"], 1, 2
+    p.evict_tasks, p.evict_lengths = ["niah_single_prose"], [300]  # tokens: short, fast
+    runner = Bench(p.model, max_new_tokens=2, breakdown=None)
+    rows = run_grid(p, tmp_path / "r.jsonl", runner.run, codecs=["int8", "int4+zstd"])
+    by = {(r["method"], r["codec"]): r for r in rows}
+    assert len(by) == 4 and len(runner._scores) == 1
+    assert len({r["fp16_bytes"] for r in rows}) == len({r["full_kv_score"] for r in rows}) == 1
+    for codec in ("int8", "int4+zstd"):
+        assert by[("contrastkv", codec)]["shipped_bytes"] < by[("full", codec)]["shipped_bytes"]
+    assert by[("full", "int4+zstd")]["shipped_bytes"] < by[("full", "int8")]["shipped_bytes"]
 
 
 def test_questions_are_asked_with_their_own_instruction_and_budget():
@@ -163,8 +202,10 @@ def test_report_shows_unmeasured_values_as_dashes(tmp_path):
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(results, tmp_path).read_text()
-    assert "| t | 100 | kvpress-kvzip | 0.2 | 0.50 | 1.00 | — | — | — | 3.00 | 3.0 | 2 |" in report
-    assert "| kvpress-kvzip | 0.2 | 0.50 | — | 2 | 1 |" in report  # no ceiling recorded
+    # rows from before the codec was recorded: fp16; no full-KV score, no bytes: dashes
+    assert ("| t | 100 | kvpress-kvzip | 0.2 | fp16 | 0.50 | — | 1.00 | — | — | — | — | 3.00 | "
+            "3.0 | 2 |") in report
+    assert "| kvpress-kvzip | 0.2 | fp16 | 0.50 | — | — | 2 | 1 |" in report  # no ceiling
     assert (tmp_path / "accuracy_vs_budget.png").stat().st_size > 1000
 
 
@@ -186,8 +227,8 @@ def test_kvpress_rows_are_divided_by_kvpress_full_on_the_same_items():
     assert ratios == {"full": 1.0, "kvpress-full": 1.0, "kvpress-kvzip": 0.5, "kvzip": 0.5,
                       "kvpress-snapkv": 0.5}
     pooled = summary(rebase_kvpress(rows))
-    assert pooled[("kvpress-kvzip", 0.2)][:2] == (0.25, 0.5)
-    assert pooled[("kvzip", 0.2)][:2] == (0.5, 0.5)
+    assert pooled[("kvpress-kvzip", 0.2, "fp16")][:2] == (0.25, 0.5)
+    assert pooled[("kvzip", 0.2, "fp16")][:2] == (0.5, 0.5)
 
 
 def test_reuse_preset_measures_every_setting_against_recompute(tmp_path):
@@ -195,6 +236,7 @@ def test_reuse_preset_measures_every_setting_against_recompute(tmp_path):
     its ratios to the same-run recompute, the default's TTFT split by phase, the frontier."""
     from kvedge.bench.report import setting
     from kvedge.bench.runner import settings
+    from kvedge.edge import DEFAULT_STRATEGY
     from kvedge.edge.strategies import STRATEGIES
 
     args = ["run", "--preset", "reuse", "--model", "tiny-llama", "--lengths", "2",
@@ -216,18 +258,68 @@ def test_reuse_preset_measures_every_setting_against_recompute(tmp_path):
     assert ceiling["first_token_s_median_ratio"] == 1.0 and ceiling["gained"] == 0
     assert ceiling["at_budget"] == 2  # seeded random weights: no EOS within 2 tokens
     timed = [r for r in rows if r["breakdown"]]
-    assert [(r["method"], r["budget"]) for r in timed] == [("a3", 0.15)]  # a3's defaults
+    assert DEFAULT_STRATEGY == "legolink"  # the phases below are a static plan's
+    assert [(r["method"], r["budget"]) for r in timed] == [("legolink", 1.0)]  # the default's
     phases = timed[0]["breakdown"]
-    assert phases["questions"] == 2 and phases["load_s"] > 0
-    assert phases["full_layers_s"] > 0 and phases["sparse_layers_s"] > 0
+    assert phases["questions"] == 2 and phases["load_s"] > 0 and phases["plan_s"] > 0
+    # every layer runs the chosen tokens (no layer over all of them), no selection hook
+    assert phases["full_layers_s"] == 0 and phases["sparse_layers_s"] > 0
+    assert phases["select_s"] is None
     assert phases["phases_ttft_s"] >= phases["plan_s"] + phases["forward_s"]
     report = (tmp_path / "report.md").read_text()
     for r in rows:
         assert f"| {setting(r)} |" in report
-    assert "| multidoc-facts | 2 | a3 @0.15 |" in report  # the breakdown's row
+    assert "| multidoc-facts | 2 | legolink |" in report  # the breakdown's row
     assert (tmp_path / "reuse_frontier.png").stat().st_size > 1000
     again = CliRunner().invoke(bench, args)
     assert again.exit_code == 0 and "0 new cells" in again.output
+
+
+def test_breakdown_defaults_to_the_edges_strategy_and_times_a3_when_asked():
+    """The benchmark splits the edge's default strategy's TTFT unless told otherwise; asked
+    for a3 it times a3's blocks 0..ℓ over every token, the later ones over the chosen, and
+    its selection."""
+    import dataclasses
+
+    from kvedge.bench.datasets import FACTS
+    from kvedge.bench.runner import Cell
+    from kvedge.edge import DEFAULT_STRATEGY
+
+    assert {f.name: f.default for f in dataclasses.fields(Bench)}["breakdown"] == \
+        DEFAULT_STRATEGY
+    assert {p.name: p.default for p in bench.commands["run"].params}["breakdown"] == \
+        DEFAULT_STRATEGY
+    out = CliRunner().invoke(bench, ["load", "--help"])
+    assert f"the edge's, {DEFAULT_STRATEGY}" in out.output
+    row = Bench("tiny-llama", max_new_tokens=2, breakdown="a3").run(
+        Cell("reuse", FACTS, 2, "a3", 0.15, 2))
+    phases = row["breakdown"]
+    assert phases["questions"] == 2 and phases["plan_s"] > 0
+    assert phases["full_layers_s"] > 0 and phases["sparse_layers_s"] > 0
+    assert phases["select_s"] > 0
+
+
+def test_ttft_phases_split_selective_static_and_full_plans():
+    """`bench.ttft`'s layer split: A3's blocks 0..ℓ run every token after the prefix, the
+    rest the chosen ones, and its observer selects; a static plan (legolink) runs the chosen
+    tokens at every layer and has no observer; recompute runs every token everywhere."""
+    from conftest import tiny_runtime
+    from test_strategies import composed_prompt
+    from kvedge.bench.ttft import ttft_phases
+    from kvedge.edge.strategies import get_strategy
+
+    rt = tiny_runtime("tiny-llama")
+    composed = composed_prompt(rt, sizes=(60, 50, 80))
+    a3 = ttft_phases(rt, composed, get_strategy("a3"), 4)
+    assert a3["full_layers_s"] > 0 and a3["sparse_layers_s"] > 0 and a3["select_s"] > 0
+    lego = ttft_phases(rt, composed, get_strategy("legolink"), 4)
+    assert lego["full_layers_s"] == 0 and lego["sparse_layers_s"] > 0
+    assert "select_s" not in lego
+    full = ttft_phases(rt, composed, get_strategy("recompute"), 4)
+    assert full["full_layers_s"] > 0 and full["sparse_layers_s"] == 0
+    for phases in (a3, lego, full):
+        parts = phases["plan_s"] + phases["forward_s"] + phases["first_token_s"]
+        assert abs(phases["phases_ttft_s"] - parts) < 1e-6
 
 
 def test_settings_cross_swept_options_and_name_their_cells():

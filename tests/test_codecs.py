@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kvedge.common.pack.codecs import (CacheGen, IntCodec, Role, Zstd, codec_names, get_codec,
-                                       parse_spec)
+                                       parse_spec, split_specs)
 from kvedge.common.pack.errors import InvalidCodecOption, UnknownCodec
 from kvedge.kernels.quant import QuantizedTensor, pack_codes, quantize, unpack_codes
 
@@ -142,6 +142,15 @@ def test_options_from_a_command_line_are_converted_and_checked():
             get_codec("int4", **bad)
     with pytest.raises(InvalidCodecOption, match="layer_bits"):
         get_codec("cachegen", layer_bits="((")
+
+
+def test_a_list_of_specs_splits_where_a_codec_starts_not_between_its_options():
+    assert split_specs("int8+zstd,kvtc:bits=2") == ["int8+zstd", "kvtc:bits=2"]
+    assert split_specs("kvtc:bits=3, embed=false,int4+zstd") == ["kvtc:bits=3, embed=false",
+                                                                 "int4+zstd"]
+    layered = "cachegen+zstd:recent=0,layer_bits=((0.5,4),(1.0,2))"
+    assert split_specs(f"{layered},fp16") == [layered, "fp16"]
+    assert split_specs("int4") == ["int4"] and split_specs(" , ") == []
 
 
 def test_the_default_codec_is_read_without_torch():

@@ -196,3 +196,14 @@ def test_a_job_whose_base_pack_is_gone_fails_instead_of_running_forever(tmp_path
     assert record.status == "failed" and "StoreError" in record.failures[0]["error"]
     variant = catalog.get("default", "kb", job.variant)
     assert variant.variants[job.variant]["status"] == "failed" and variant.segments == []
+
+
+def test_a_job_is_refused_when_its_variant_could_not_be_asked_by_name():
+    """A variant is named `method-budget-codec` with the spec as written; a spec no `--kb
+    NAME@VARIANT` could name (parentheses) is the client's error before anything is queued."""
+    from kvedge.cloud.jobs import check_spec
+    from kvedge.common.errors import BadInput
+
+    check_spec("kvzip", 0.2, "kvtc:bits=3,embed=false")
+    with pytest.raises(BadInput, match="cannot name the job's variant"):
+        check_spec("none", 1.0, "cachegen:layer_bits=((0.5,4),(1.0,2))")

@@ -286,6 +286,8 @@ def test_every_local_manifest_points_at_cached_packs(cloud, tmp_path, packs):
 @pytest.mark.parametrize("spec, want", [
     ("kb@contrastkv-0.2-int4+zstd", ("default", "kb", "contrastkv-0.2-int4+zstd")),
     ("ns/kb@none-1-fp16", ("ns", "kb", "none-1-fp16")),
+    ("kb@kvzip-0.2-kvtc:bits=3,embed=false",  # a job's variant: its codec spec as written
+     ("default", "kb", "kvzip-0.2-kvtc:bits=3,embed=false")),
     ("kb@", ("default", "kb", "")),
 ])
 def test_a_kb_is_addressed_ns_name_at_variant(spec, want):

@@ -9,11 +9,14 @@ manifest, under any stage (the last test).
 """
 import pytest
 import torch
+from click.testing import CliRunner
 
+from kvedge.cloud.cli import kvctl
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import PrefillEngine
 from kvedge.common.auth import PermissionDenied, Unauthenticated
 from kvedge.common.cloud_client import CloudClient
+from kvedge.common.edge_client import EdgeClient
 from kvedge.common.errors import NotFound
 from kvedge.common.pack.codecs import get_codec, kvtc
 from kvedge.common.pack.codecs.kvtc import (TransformStore, default_store, fit_transform,
@@ -24,6 +27,7 @@ from kvedge.common.pack.errors import TransformMismatch, TransformMissing
 from kvedge.common.pack.format import encode_pack, read_pack
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
+from kvedge.edge.server import serve as serve_edge
 from kvedge.edge.sync import Syncer, Target
 from test_anchored import LocalPool
 
@@ -56,11 +60,11 @@ def cloud(tmp_path_factory):
         server.stop(0)
 
 
-def edge_syncer(cloud, client, state):
+def edge_syncer(cloud, client, state, target=TARGET):
     """An edge's syncer installing into its own (empty) transforms folder."""
     loaded = cloud["loaded"]
     cache = PackCache(state / "packs", loaded.fingerprint)
-    return Syncer(client, cache, state, [TARGET], loaded.tokenizer.decode,
+    return Syncer(client, cache, state, [target], loaded.tokenizer.decode,
                   transforms=TransformStore(state / "home" / "transforms"))
 
 
@@ -86,6 +90,41 @@ def test_sync_fetches_the_missing_transform_and_an_answer_decodes(cloud, tmp_pat
     finally:
         engine.close()
     assert done.tokens > 0 and len(done.segments) == 2
+
+
+@pytest.mark.parametrize("method, codec", [("contrastkv", "kvtc:bits=3"),
+                                           ("kvzip", "kvtc:bits=3,embed=false")])
+def test_a_kvtc_job_variant_is_synced_served_and_asked_over_grpc(cloud, tmp_path, monkeypatch,
+                                                                 method, codec):
+    """`kvctl job submit --method M --budget 0.2 --codec kvtc...` (issue 12): the job's
+    variant, named with its codec spec as written, reaches an edge holding no transform
+    (fetched where the packs name it: embed=false) and answers over gRPC."""
+    result = CliRunner().invoke(kvctl, ["job", "submit", "--kb", "lean", "--method", method,
+                                        "--budget", "0.2", "--codec", codec,
+                                        "--cloud", cloud["address"], "--token", cloud["token"]])
+    variant = f"{method}-0.2-{codec}"
+    assert result.exit_code == 0 and f"variant {variant}" in result.output, result.output
+    target, state = Target.parse(f"lean@{variant}"), tmp_path / "edge"
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        syncer = edge_syncer(cloud, c, state, target)
+        assert syncer.sync_once()[target.key] > 0
+    embedded = "embed=false" not in codec
+    local = syncer.local(target)
+    assert local["transforms"] == ([] if embedded else [cloud["digest"]])
+    for seg in local["segments"]:
+        manifest = read_manifest(syncer.cache.path(seg["pack_id"]).read_bytes())
+        assert {e.codec for n, e in manifest.tensors.items() if n[:2] in ("k.", "v.")} == {"kvtc"}
+    monkeypatch.setenv("KVEDGE_HOME", str(state / "home"))  # the decoder's folder: the edge's
+    engine = EdgeEngine(cloud["loaded"], syncer.cache, state)
+    server, port = serve_edge(engine, state, "127.0.0.1:0")
+    try:
+        with EdgeClient(f"127.0.0.1:{port}", (state / "edge.token").read_text().strip()) as e:
+            done = list(e.ask("default", f"lean@{variant}", "What is the alpha code?",
+                              top_k=2, max_new_tokens=2))[-1]
+    finally:
+        server.stop(0)
+        engine.close()
+    assert done.tokens == 2 and done.bytes_loaded > 0  # tiny model: no bytes claim (16-dim heads)
 
 
 def test_a_tampered_transform_is_refused_and_nothing_is_installed(cloud, tmp_path):

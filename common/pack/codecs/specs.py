@@ -39,6 +39,18 @@ def codec_names() -> list[str]:
     return sorted(CODECS) + [f"{b}+{s}" for b in sorted(CODECS) for s in sorted(STAGES)]
 
 
+def split_specs(text: str) -> list[str]:
+    """"int8+zstd,kvtc:bits=3,embed=false" → ["int8+zstd", "kvtc:bits=3,embed=false"]: a comma
+    starts another spec unless an option (key=value) follows it or it sits in parentheses."""
+    specs, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0 and not re.match(r"\s*\w+\s*=", text[i + 1:]):
+            specs.append(text[start:i])
+            start = i + 1
+    return [spec.strip() for spec in [*specs, text[start:]] if spec.strip()]
+
+
 def parse_spec(text: str) -> tuple[str, dict[str, str]]:
     """"cachegen+zstd:recent=0,layer_bits=((0.5,4),(1.0,2))" → (spec, {option: text})."""
     spec, _, opts = text.partition(":")

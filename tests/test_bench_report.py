@@ -1,0 +1,79 @@
+"""The eviction report's codec columns and the bytes-vs-accuracy frontier, on synthetic rows."""
+import json
+
+from kvedge.bench.codec_frontier import FRONTIER_BEGIN, FRONTIER_END, write_codec_frontier
+from kvedge.bench.report import evict_table, summary, summary_table, full_kv_acc, write_report
+
+
+def row(task, method, budget, codec, score, shipped, *, full, ceiling, fp16, q=4):
+    """An eviction cell: accuracy `score`, full KV's in `codec` (`ceiling`) and uncompressed
+    (`full`) on the same questions; `shipped` and `fp16` bytes (the context's fp16 KV)."""
+    return {"key": f"{task}/{method}/{budget}/{codec}", "suite": "evict", "task": task,
+            "length": 100, "items": 2, "seed": 0, "model": "m", "method": method,
+            "budget": budget, "codec": codec, "questions": q, "score": score,
+            "ceiling_score": ceiling, "score_ratio": score / ceiling, "full_kv_score": full,
+            "shipped_bytes": shipped, "fp16_bytes": fp16, "kv_bytes": None,
+            "kv_bytes_ratio": None, "compress_s": 2.0, "prefill_s": 1.0}
+
+
+ROWS = [row("a", "full", 1.0, "fp16", 0.8, 2.04e6, full=0.8, ceiling=0.8, fp16=2e6),
+        row("a", "full", 1.0, "kvtc:bits=2", 0.75, 2.5e5, full=0.8, ceiling=0.75, fp16=2e6),
+        row("a", "contrastkv", 0.1, "kvtc:bits=2", 0.6, 5e4, full=0.8, ceiling=0.75, fp16=2e6),
+        row("b", "contrastkv", 0.1, "kvtc:bits=2", 0.9, 1e5, full=1.0, ceiling=1.0, fp16=3e6,
+            q=2),
+        row("a", "contrastkv", 0.2, "int8+zstd", 0.8, 2e5, full=0.8, ceiling=0.8, fp16=2e6)]
+
+
+def test_the_eviction_table_names_the_codec_and_both_ceilings_and_bytes_vs_fp16():
+    table = "\n".join(evict_table(ROWS))
+    head = ("| task | length | method | budget | codec | acc | of full KV | of full, same codec | "
+            "× vs fp16 |")
+    assert table.startswith(head)
+    # 0.6 of full KV's 0.8 uncompressed, of 0.75 in kvtc:bits=2; 2 MB of fp16 KV over 50 KB
+    assert ("| a | 100 | contrastkv | 0.1 | kvtc:bits=2 | 0.60 | 0.75 | 0.80 | 40.0 | — | — | "
+            "0.05 | 2.00 | 2.0 | 4 |") in table
+    assert "| a | 100 | full | 1 | fp16 | 0.80 | 1.00 | 1.00 | 1.0 |" in table  # pack overhead
+
+
+def test_pooling_keeps_codecs_apart_and_weighs_bytes_and_accuracy_by_questions():
+    pooled = summary(ROWS, full_kv_acc)
+    assert {k for k in pooled if k[0] == "full"} == {("full", 1.0, "fp16"),
+                                                     ("full", 1.0, "kvtc:bits=2")}
+    p = pooled[("contrastkv", 0.1, "kvtc:bits=2")]
+    assert (round(p.acc, 4), p.questions, p.groups) == (0.7, 6, 2)  # (0.6·4 + 0.9·2) / 6
+    assert round(p.of_ceiling, 4) == round(4.2 / 5.2, 4)            # over (0.8·4 + 1.0·2)
+    assert p.fewer_bytes == (2e6 * 4 + 3e6 * 2) / (5e4 * 4 + 1e5 * 2)  # 35×
+    old = {k: v for k, v in ROWS[2].items() if k != "full_kv_score"}  # from before it was kept
+    assert full_kv_acc(old) is None  # its ceiling is kvtc's full KV, not the uncompressed one
+    legacy = {k: v for k, v in old.items() if k != "codec"}  # fp16 packs: its ceiling is it
+    assert full_kv_acc(legacy) == old["ceiling_score"]
+    assert "| contrastkv | 0.1 | kvtc:bits=2 | 0.70 | 0.81 | 35.0 | 6 | 2 |" in \
+        summary_table(ROWS, "method", "full KV", full_kv_acc, with_bytes=True)
+
+
+def test_the_report_draws_the_frontier_and_the_doc_gets_it_between_markers(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    report = write_report(results, tmp_path).read_text()
+    assert "![bytes_frontier](bytes_frontier.png)" in report
+    assert (tmp_path / "bytes_frontier.png").stat().st_size > 1000
+    doc = tmp_path / "docs" / "codecs.md"
+    doc.parent.mkdir()
+    doc.write_text(f"# Pack codecs\n\nProse before.\n\n{FRONTIER_BEGIN}\nold\n{FRONTIER_END}\n"
+                   "\nProse after.\n")
+    for _ in range(2):  # a rerun replaces the block
+        image = write_codec_frontier(results, doc)
+    text = doc.read_text()
+    assert image == doc.parent / "codecs_frontier.png" and image.stat().st_size > 1000
+    assert text.count(FRONTIER_BEGIN) == 1 and "old" not in text
+    assert text.startswith("# Pack codecs\n\nProse before.") and text.endswith("Prose after.\n")
+    assert "| contrastkv | 0.1 | kvtc:bits=2 | 0.70 | 0.81 | 35.0 | 6 | 2 |" in text
+    assert "![bytes vs accuracy](codecs_frontier.png)" in text
+
+
+def test_rows_without_bytes_draw_no_frontier(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps({**ROWS[2], "fp16_bytes": None}) + "\n")
+    assert "bytes_frontier" not in write_report(results, tmp_path).read_text()
+    assert "| kvtc:bits=2 | 0.60 | 0.75 | 0.80 | — |" in "\n".join(evict_table(
+        [{**ROWS[2], "fp16_bytes": None}]))
