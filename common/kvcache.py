@@ -300,10 +300,11 @@ class RaggedKV:
 LayerKV = DenseKV | RaggedKV
 
 
-def kept_rows(layer: LayerKV, keep: list[torch.Tensor], reserve: int = 0) -> RaggedKV:
+def kept_rows(layer: LayerKV, keep: list[torch.Tensor], reserve: int = 0) -> LayerKV:
     """The layer holding in each KV head h only its rows where keep[h] ((n_h,) bool over the
     rows it holds, in order): eviction from a request's cache, after which attention runs
-    over exactly the kept rows. `reserve`: room per head for the tokens still to come."""
+    over exactly the kept rows (`aligned`: dense if every head keeps the same positions).
+    `reserve`: room per head for the tokens still to come."""
     ks, vs, ps = [], [], []
     for group in layer.heads():
         for h in range(group.keys.shape[0]):
@@ -311,7 +312,22 @@ def kept_rows(layer: LayerKV, keep: list[torch.Tensor], reserve: int = 0) -> Rag
             ks.append(group.keys[h, rows])
             vs.append(group.values[h, rows])
             ps.append(group.positions[rows])
-    return RaggedKV(ks, vs, ps, reserve)
+    return aligned(RaggedKV(ks, vs, ps, reserve), reserve)
+
+
+def aligned(layer: LayerKV, reserve: int = 0) -> LayerKV:
+    """A ragged layer whose KV heads all hold the same positions as one dense layer — one
+    attention call per layer instead of one per head (decoding over SamKV's block selection,
+    shared by a layer's heads) — any other layer as it is. Only for a cache that is past
+    its recompute: a dense layer refuses writes to positions it does not hold."""
+    if not isinstance(layer, RaggedKV):
+        return layer
+    heads = layer.heads()
+    first = heads[0].positions
+    if any(not torch.equal(g.positions, first) for g in heads[1:]):
+        return layer
+    return DenseKV(torch.cat([g.keys for g in heads]), torch.cat([g.values for g in heads]),
+                   first, reserve)
 
 
 def _chain(undos: list[Undo]) -> Undo:

@@ -250,3 +250,24 @@ def test_quantized_take_equals_indexing_the_dequantized_tensor():
             if per_channel:  # whole groups keep their group size; scattered rows get 1
                 assert taken.group_size == (64 if rows.numel() in (86, 64, 150) else 1) \
                     or rows.numel() == 0
+
+
+@pytest.mark.parametrize("options", [{}, {"pad": False}, {"recombine": False}])
+def test_the_sparse_cache_is_dense_per_layer_and_answers_as_the_ragged_one(options, monkeypatch):
+    """SamKV's selection is per layer, shared by its KV heads: each layer of the final cache
+    is one dense block of the kept rows (one attention call per layer in decoding), and the
+    answer's logits are those over the same rows held head by head."""
+    from kvedge.common import kvcache
+    from kvedge.common.kvcache import DenseKV, RaggedKV
+    from kvedge.edge.strategies import samkv
+
+    rt = tiny_runtime("tiny-llama")
+    strategy = get_strategy("samkv", {"p": 0.5, **options})
+    dense, plan = answer_logits(rt, strategy, prompt(rt))
+    assert all(isinstance(layer, DenseKV) for layer in plan.cache)
+    assert sequence_ratio(plan.cache, prompt(rt)) < 1
+    for module in (samkv, kvcache):  # held head by head, as before `aligned`
+        monkeypatch.setattr(module, "aligned", lambda layer, reserve=0: layer)
+    ragged, plan = answer_logits(rt, strategy, prompt(rt))
+    assert any(isinstance(layer, RaggedKV) for layer in plan.cache)
+    assert torch.allclose(dense, ragged, atol=1e-5)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kvedge.common.kvcache import KVCache, kept_rows
+from kvedge.common.kvcache import KVCache, aligned, kept_rows
 from kvedge.common.registry import option
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
 from kvedge.edge.strategies.registry import STRATEGIES
@@ -273,7 +273,7 @@ class SamKV(ReuseStrategy):
         texts = fresh[~torch.isin(fresh, question)]
         run = torch.sort(torch.cat([chosen, texts])).values
         if run.numel() == 0:
-            return cache
+            return dense_where_aligned(cache, tail)
         is_text = torch.isin(run, texts)
         col = torch.searchsorted(chosen, run).clamp(max=max(chosen.numel() - 1, 0))
         depth = torch.full((run.numel(),), n_layers)         # fresh text: every layer
@@ -291,7 +291,7 @@ class SamKV(ReuseStrategy):
         rt.forward(torch.tensor(composed.all_ids())[run], run, cache, active, write=write,
                    fuse=fuse if self.fusion else None, logits="none")
         if not self.pad:
-            return cache
+            return dense_where_aligned(cache, tail)
         gone = [segment_positions(docs, [r & ~k for r, k in zip(
             [x[layer] for x in rows], [x[layer] for x in kept])]) for layer in range(n_layers)]
         return drop_rows(cache, gone, tail)
@@ -357,6 +357,12 @@ def segment_positions(docs: list[Regions], blocks: list[torch.Tensor]) -> torch.
     out = [torch.arange(d.offset + b * d.block, d.offset + min((b + 1) * d.block, d.n_tokens))
            for d, mask in zip(docs, blocks) for b in torch.nonzero(mask).flatten().tolist()]
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
+
+
+def dense_where_aligned(cache: KVCache, reserve: int) -> KVCache:
+    """Every layer whose heads hold the same rows (SamKV's selection is per layer) made
+    dense: decoding then makes one attention call per layer, not one per KV head."""
+    return KVCache([aligned(layer, reserve) for layer in cache], cache.extent, cache.seq_len)
 
 
 def drop_rows(cache: KVCache, gone: list[torch.Tensor], reserve: int) -> KVCache:
