@@ -89,12 +89,9 @@ class PackCache:
         answer failing on it forever."""
         from kvedge.common.pack.format import read_pack
 
-        with self._lock:
-            if pack_id in self._decoded:
-                self._decoded.move_to_end(pack_id)
-                self.stats.hits += 1
-                return self._decoded[pack_id]
-            self.stats.misses += 1
+        ctx = self._in_memory(pack_id)
+        if ctx is not None:
+            return ctx
         ctx = self._read(pack_id, read_pack)
         with self._lock:
             self._decoded[pack_id] = ctx
@@ -110,13 +107,19 @@ class PackCache:
         are decoded later is PackCorrupt then; `recheck` deletes such a pack."""
         from kvedge.common.pack.segment import PackSegment
 
+        ctx = self._in_memory(pack_id)
+        return ctx if ctx is not None else self._read(pack_id, PackSegment.open)
+
+    def _in_memory(self, pack_id: str):
+        """The decoded context if the memory LRU holds it (a hit, refreshed), else None (a
+        miss, counted)."""
         with self._lock:
             if pack_id in self._decoded:
                 self._decoded.move_to_end(pack_id)
                 self.stats.hits += 1
                 return self._decoded[pack_id]
             self.stats.misses += 1
-        return self._read(pack_id, PackSegment.open)
+            return None
 
     def recheck(self, pack_id: str) -> bool:
         """Verify a cached pack's file again (after an answer over it failed as corrupt);
