@@ -10,6 +10,7 @@ prefilled (decision 9): behind those token ids, or alone from position 0 when em
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -64,9 +65,14 @@ class KVContext:
     def n_tokens(self) -> int:
         return len(self.token_ids)
 
+    @cached_property
+    def position_index(self) -> torch.Tensor:
+        """`positions` as a tensor (int64), made once: `ranks` searches it per (layer, head)."""
+        return torch.tensor(self.positions, dtype=torch.long)
+
     def ranks(self, layer: int, head: int) -> torch.Tensor:
         """(n_lh,) index of each kept row among the context's tokens."""
-        return torch.searchsorted(torch.tensor(self.positions), self.kept_positions[layer][head])
+        return torch.searchsorted(self.position_index, self.kept_positions[layer][head])
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -98,14 +104,14 @@ class KVContext:
     def select(self, keep: Heads) -> "KVContext":
         """A ragged copy keeping, per (layer, head), the given positions (a subset of kept)."""
         keys, values, kept = [], [], []
-        for layer, rows in enumerate(kept_rows(self.kept_positions, keep)):
+        for layer, rows in enumerate(held_indices(self.kept_positions, keep)):
             keys.append([k[r] for k, r in zip(self.keys[layer], rows)])
             values.append([v[r] for v, r in zip(self.values[layer], rows)])
             kept.append([p[r] for p, r in zip(self.kept_positions[layer], rows)])
         return replace(self, keys=keys, values=values, kept_positions=kept)
 
 
-def kept_rows(held: Heads, keep: Heads) -> Heads:
+def held_indices(held: Heads, keep: Heads) -> Heads:
     """Per (layer, head): the index among the held rows of each position kept (ValueError
     if one is not held)."""
     out = []

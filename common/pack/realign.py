@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
-from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece
+from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece, decode_pieces, piece_rows
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
@@ -45,8 +45,7 @@ class Stored:
 
     def decode(self) -> torch.Tensor:
         """The rows (n, D) as a codec's `decode` returns them (torch reference, same bits)."""
-        return torch.cat([p.dequantize(self.dtype) if isinstance(p, QuantizedTensor)
-                          else p.to(self.dtype) for p in self.pieces])
+        return decode_pieces(self.pieces, self.dtype)
 
 
 class RowSource(Protocol):
@@ -85,15 +84,13 @@ class ContextSource:
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self._positions = torch.tensor(ctx.positions)
 
     def stored(self, layer: int, kind: str) -> list[Stored]:
         heads = (self.ctx.keys if kind == "k" else self.ctx.values)[layer]
         return [Stored([x], x.dtype) for x in heads]
 
     def local(self, layer: int) -> list[torch.Tensor]:
-        return [torch.searchsorted(self._positions, kept.to(torch.long))
-                for kept in self.ctx.kept_positions[layer]]
+        return [self.ctx.ranks(layer, h) for h in range(self.ctx.n_kv_heads)]
 
     def finish(self) -> None:
         return None
@@ -232,7 +229,7 @@ def _fused_rows(pieces, positions, table: RopeTable, dtype, device) -> torch.Ten
     """CUDA: dequantize + rotate each piece in one kernel (math in fp32, then `dtype`)."""
     out, start = [], 0
     for piece, _ in pieces:
-        n = _rows_of(piece)
+        n = piece_rows(piece)
         pos = None if positions is None else positions[start: start + n].to(device)
         if isinstance(piece, QuantizedTensor):
             out.append(dequant_rope(piece.to(device), pos, table.inv_freq, table.scaling, dtype))
@@ -258,7 +255,7 @@ def _decoded_rows(pieces: list[tuple[Piece, torch.dtype]], dtype, device) -> tor
     for (layout, stored), members in groups.items():
         batch = [pieces[i][0] for i in members]
         x = _converted(layout, batch, device).to(stored).to(dtype)
-        for i, part in zip(members, x.split([_rows_of(p) for p in batch])):
+        for i, part in zip(members, x.split([piece_rows(p) for p in batch])):
             rows[i] = part
     return torch.cat(rows)
 
@@ -275,9 +272,6 @@ def _layout(piece: Piece):
         return (piece.bits, piece.group_size, piece.per_channel, piece.dim)
     return piece.dtype
 
-
-def _rows_of(piece: Piece) -> int:
-    return piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
 
 
 # ---------------------------------------------------------------------- one pack

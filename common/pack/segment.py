@@ -13,7 +13,7 @@ from functools import cached_property
 
 import torch
 
-from kvedge.common.pack.context import KVContext, kept_rows
+from kvedge.common.pack.context import KVContext, held_indices
 from kvedge.common.pack.format import Pack, open_pack
 from kvedge.common.pack.realign import ContextSource, PackSource, RowSource, stored_head
 
@@ -29,13 +29,13 @@ class PackSegment:
         self.segments, self.namespace = [tuple(s) for s in m.segments], m.namespace
         self.anchor = list(m.anchor)
         self.block_size = m.side.get("block_summaries", {}).get("block_size", 64)
-        every = torch.tensor(m.positions, dtype=torch.long)
+        self.position_index = every = torch.tensor(m.positions, dtype=torch.long)
         self.kept_positions = [[every if len(kept) == m.n_tokens else
                                 torch.tensor(kept, dtype=torch.long) for kept in layer]
                                for layer in m.kept]
         self.rows = None  # block-granular: per (layer, head) the stored rows kept (`select`)
         if keep is not None:
-            self.rows = kept_rows(self.kept_positions, keep)
+            self.rows = held_indices(self.kept_positions, keep)
             self.kept_positions = [[h[r] for h, r in zip(held, rows)]
                                    for held, rows in zip(self.kept_positions, self.rows)]
         self._decoded: KVContext | None = None
@@ -63,8 +63,7 @@ class PackSegment:
     def n_tokens(self) -> int:
         return len(self.token_ids)
 
-    def ranks(self, layer: int, head: int) -> torch.Tensor:
-        return torch.searchsorted(torch.tensor(self.positions), self.kept_positions[layer][head])
+    ranks = KVContext.ranks  # over `position_index`, made once in __init__
 
     # ------------------------------------------------------------------ tensors
     def context(self) -> KVContext:

@@ -65,10 +65,19 @@ class Codec:
 
     def decode(self, parts: Parts, params: dict) -> torch.Tensor:
         """The tensor back, in the dtype it was encoded from (torch reference path)."""
-        dtype = FLOAT_DTYPES[params["dtype"]]
-        rows = [p.dequantize(dtype) if isinstance(p, QuantizedTensor) else p.to(dtype)
-                for p in self.pieces(parts, params)]
-        return torch.cat(rows).reshape(params["shape"])
+        return decode_pieces(self.pieces(parts, params),
+                             FLOAT_DTYPES[params["dtype"]]).reshape(params["shape"])
+
+
+def decode_pieces(pieces: list[Piece], dtype: torch.dtype) -> torch.Tensor:
+    """Pieces → their rows (n, D) in `dtype`, quantized ones dequantized (torch reference)."""
+    return torch.cat([p.dequantize(dtype) if isinstance(p, QuantizedTensor) else p.to(dtype)
+                      for p in pieces])
+
+
+def piece_rows(piece: Piece) -> int:
+    """How many rows a piece holds."""
+    return piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
 
 
 def take_rows(pieces: list[Piece], rows: torch.Tensor) -> list[Piece]:
@@ -77,7 +86,7 @@ def take_rows(pieces: list[Piece], rows: torch.Tensor) -> list[Piece]:
     (`QuantizedTensor.take`). No row at all: one empty piece (the last, cut to nothing)."""
     out, start = [], 0
     for piece in pieces:
-        n = piece.n if isinstance(piece, QuantizedTensor) else piece.shape[0]
+        n = piece_rows(piece)
         lo, hi = torch.searchsorted(rows, torch.tensor([start, start + n])).tolist()
         if hi > lo or (not out and piece is pieces[-1]):
             local = rows[lo:hi] - start
