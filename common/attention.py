@@ -57,6 +57,15 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
     else:
         private = None
     n_kv, group, n_q, dim = q.shape
+    if private is None and window is None and _self_causal(q_pos, k_pos):
+        # a run over exactly the keys it attends to (a prefill, a layer that runs every
+        # token): the mask is the lower triangle, and the fused kernel's causal mode skips
+        # the blocks above it — 2.2× less attention time than the same mask given explicitly
+        # (4.3K tokens, SmolLM2 shapes, 2 threads)
+        out = F.scaled_dot_product_attention(q.reshape(1, n_kv * group, n_q, dim), k[None],
+                                             v[None], is_causal=True, scale=scale,
+                                             enable_gqa=group > 1)
+        return out.view(n_kv, group, n_q, dim)
     out = torch.empty_like(q)
     for start in range(0, n_q, QUERY_CHUNK):
         stop = min(start + QUERY_CHUNK, n_q)
@@ -74,6 +83,13 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
             oc = oc.masked_fill(blind[None, None, :, None], 0.0)
         out[:, :, start:stop] = oc
     return out
+
+
+def _self_causal(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+    """The queries are the keys, in the same order (positions strictly increase, as every
+    forward's do): key j is visible to query i exactly when j ≤ i."""
+    return q_pos.shape == k_pos.shape and q_pos.numel() > 1 and bool(
+        (q_pos[1:] > q_pos[:-1]).all()) and torch.equal(q_pos, k_pos)
 
 
 def _with_own(mask, q_pos, k_pos, private, mine, start, stop):

@@ -88,6 +88,23 @@ def test_blind_query_gets_zero_not_nan():
     assert torch.equal(out, torch.zeros_like(out))
 
 
+def test_causal_fast_path_equals_the_explicit_mask():
+    """Queries that are exactly the keys take the fused kernel's causal mode; a gap in the
+    positions (not 0..n-1) or a different query order must still mean position ≤ position."""
+    from kvedge.common import attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(s, generator=g) for s in ((2, 3, 70, 8), (2, 70, 8), (2, 70, 8)))
+    pos = torch.cat([torch.arange(30), torch.arange(50, 90)])
+    fast = gqa_attention(q, k, v, pos, pos, 0.3)
+    assert attention._self_causal(pos, pos)
+    slow = torch.empty_like(q)
+    for i in range(70):  # one query at a time never takes the fast path
+        slow[:, :, i: i + 1] = gqa_attention(q[:, :, i: i + 1], k, v, pos[i: i + 1], pos, 0.3)
+    assert (fast - slow).abs().max() <= 1e-5
+    assert not attention._self_causal(pos.flip(0), pos.flip(0))  # not increasing: mask path
+
+
 def test_dense_cache_grows_and_keeps_contents():
     layer = DenseKV.empty(2, 4, torch.float32, "cpu")
     for p in range(40):
