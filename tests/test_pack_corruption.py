@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvedge.common.pack import KVContext, encode_pack, read_pack
-from kvedge.common.pack.container import (HEADER_SIZE, open_container, read_header,
-                                          tensor_checksum)
+from kvedge.common.pack.container import (HEADER_SIZE, manifest_json, open_container,
+                                          read_header, store_manifest, tensor_checksum)
 from kvedge.common.pack.errors import ModelMismatch, PackError
 
 FP, TOK = "ab" * 32, "cd" * 32
@@ -87,12 +87,14 @@ def test_byte_insertions_and_deletions(codec, where, junk, delete):
 
 
 def forge(data: bytes, manifest: bytes) -> bytes:
-    """Replace the manifest and fix up the header so that only the manifest is wrong."""
-    _, m_len, _, _, _ = read_header(data)
+    """Replace the manifest (JSON, stored as the pack's format stores it) and fix up the
+    header so that only the manifest is wrong."""
+    version, m_len, _, _, _ = read_header(data)
+    stored = store_manifest(manifest, version)
     header = bytearray(data[:HEADER_SIZE])
-    header[16:24] = len(manifest).to_bytes(8, "little")
-    header[32:64] = blake3.blake3(manifest).digest()
-    return bytes(header) + manifest + data[HEADER_SIZE + m_len:]
+    header[16:24] = len(stored).to_bytes(8, "little")
+    header[32:64] = blake3.blake3(stored).digest()
+    return bytes(header) + stored + data[HEADER_SIZE + m_len:]
 
 
 json_values = st.recursive(
@@ -141,8 +143,7 @@ def test_garbage_manifest(codec, doc):
 @SETTINGS
 @given(codec=codecs, data=st.data())
 def test_mutated_manifest(codec, data):
-    _, m_len, _, _, _ = read_header(PACKS[codec])
-    doc = json.loads(PACKS[codec][HEADER_SIZE: HEADER_SIZE + m_len])
+    doc = json.loads(manifest_json(PACKS[codec]))
     all_paths = list(paths(doc))
     path = all_paths[data.draw(st.integers(0, len(all_paths) - 1))]
     read_forged(codec, json.dumps(replace_at(doc, path, data.draw(json_values))).encode())
@@ -150,8 +151,7 @@ def test_mutated_manifest(codec, data):
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_changed_decoding_params_are_caught_by_the_tensor_checksum(codec):
-    _, m_len, _, _, _ = read_header(PACKS[codec])
-    doc = json.loads(PACKS[codec][HEADER_SIZE: HEADER_SIZE + m_len])
+    doc = json.loads(manifest_json(PACKS[codec]))
     doc["tensors"]["k.1.1"]["params"]["dtype"] = "bfloat16"
     with pytest.raises(PackError, match="k.1.1"):
         read_pack(forge(PACKS[codec], json.dumps(doc).encode()))
@@ -162,8 +162,7 @@ def test_changed_decoding_params_are_caught_by_the_tensor_checksum(codec):
 def test_forged_params_with_a_matching_checksum(codec, data):
     """A buggy writer: params that lie, with a checksum that agrees. Decoding must still fail
     by name (or succeed consistently), never crash."""
-    _, m_len, _, _, _ = read_header(PACKS[codec])
-    doc = json.loads(PACKS[codec][HEADER_SIZE: HEADER_SIZE + m_len])
+    doc = json.loads(manifest_json(PACKS[codec]))
     name = data.draw(st.sampled_from(sorted(doc["tensors"])))
     entry = doc["tensors"][name]
     all_paths = list(paths(entry["params"]))
@@ -173,3 +172,37 @@ def test_forged_params_with_a_matching_checksum(codec, data):
     entry["checksum"] = tensor_checksum(name, entry["codec"], entry["params"],
                                         [(p, parts[f"{name}/{p}"]) for p in entry["parts"]])
     read_forged(codec, json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_forged_layouts_are_named_errors(codec):
+    """Format 2 lays parts out from the manifest: a layout that lies is caught, by name."""
+    doc = json.loads(manifest_json(PACKS[codec]))
+    entry = doc["tensors"]["k.1.0"]
+    entry["layout"][0][1][0] += 1  # a part one row longer: every later part shifts
+    with pytest.raises(PackError):
+        read_pack(forge(PACKS[codec], json.dumps(doc).encode()))
+    del entry["layout"]
+    with pytest.raises(PackError, match="layout"):
+        read_pack(forge(PACKS[codec], json.dumps(doc).encode()))
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_manifest_that_inflates_without_end_is_refused(monkeypatch, recorded):
+    import zstandard
+
+    from kvedge.common.pack import container
+
+    monkeypatch.setattr(container, "MAX_MANIFEST_BYTES", 1 << 20)
+    data = PACKS[CODECS[0]]
+    blank = b" " * ((1 << 20) + 1)
+    if recorded:
+        bomb = zstandard.ZstdCompressor(level=1).compress(blank)
+    else:  # a streamed frame does not record its size
+        bomb = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(blank)
+    _, m_len, _, _, _ = read_header(data)
+    header = bytearray(data[:HEADER_SIZE])
+    header[16:24] = len(bomb).to_bytes(8, "little")
+    header[32:64] = blake3.blake3(bomb).digest()
+    with pytest.raises(PackError, match="inflate"):
+        read_pack(bytes(header) + bomb + data[HEADER_SIZE + m_len:])

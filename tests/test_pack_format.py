@@ -8,7 +8,8 @@ import torch
 from kvedge.common.errors import KvedgeError
 from kvedge.common.pack import (KVContext, ModelMismatch, PackCorrupt, block_summaries,
                                 encode_pack, open_pack, read_pack, realign_pack, write_pack)
-from kvedge.common.pack.container import HEADER_SIZE, read_header
+from kvedge.common.pack.container import HEADER_SIZE, manifest_json, read_header
+from kvedge.common.pack.manifest import Manifest
 from kvedge.common.pack.context import ragged_block_summaries
 from kvedge.common.pack.errors import PackError, PackVersionError
 from kvedge.kernels.rope import rope_reference
@@ -77,11 +78,36 @@ def test_content_address_is_canonical():
     assert open_pack(encode_pack(ctx, "int4+zstd")).id != open_pack(a).id
 
 
-def test_payload_is_plain_safetensors():
-    data = encode_pack(make_context(), "int4+zstd")
-    m_len = read_header(data)[1]
-    tensors = safetensors.torch.load(data[HEADER_SIZE + m_len:])
-    assert "k.0.0/packed" in tensors and tensors["summary.2/data"].shape == (H, 5, D)
+def test_payload_is_the_parts_end_to_end_with_a_compressed_manifest():
+    ctx = make_context()
+    data = encode_pack(ctx, "int4+zstd")
+    version, m_len, p_len, _, _ = read_header(data)
+    manifest = Manifest.from_json(manifest_json(data))
+    assert version == manifest.version == 2 and m_len < len(manifest.to_json()) / 3
+    entry = manifest.tensors["summary.2"]
+    assert entry.layout == (("F16", (H, 5, D)),)
+    offset = sum(size for name in manifest.expected_tensors()[:manifest.expected_tensors()
+                                                              .index("summary.2")]
+                 for size in manifest.tensors[name].part_sizes())
+    start = HEADER_SIZE + m_len + offset
+    got = torch.frombuffer(bytearray(data[start: start + H * 5 * D * 2]), dtype=torch.float16)
+    assert torch.equal(got.view(H, 5, D), ctx.block_summaries[2].half())
+    assert HEADER_SIZE + m_len + p_len == len(data)
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int4+zstd", "kvtc"])
+def test_format_1_packs_still_read(codec):
+    """Stores hold packs written before format 2: they read to the same context."""
+    ctx = make_context()
+    old = encode_pack(ctx, codec, format_version=1)
+    assert read_header(old)[0] == 1
+    tensors = safetensors.torch.load(old[HEADER_SIZE + read_header(old)[1]:])
+    assert "k.0.0/" + next(iter(open_pack(old).manifest.tensors["k.0.0"].parts)) in tensors
+    a, b = read_pack(old), read_pack(encode_pack(ctx, codec))
+    for layer in range(ctx.n_layers):
+        for x, y in zip(a.keys[layer] + a.values[layer], b.keys[layer] + b.values[layer]):
+            assert torch.equal(x, y)
+    assert torch.equal(a.block_summaries[1], b.block_summaries[1])
 
 
 def test_from_dense_summaries_and_query_cache():
@@ -127,8 +153,8 @@ def test_model_mismatch_before_any_tensor_is_decoded(tmp_path):
 
 def test_unknown_version(tmp_path):
     data = bytearray(encode_pack(make_context()))
-    data[8:12] = (2).to_bytes(4, "little")
-    with pytest.raises(PackVersionError, match="version 2"):
+    data[8:12] = (3).to_bytes(4, "little")
+    with pytest.raises(PackVersionError, match="version 3"):
         read_pack(bytes(data))
 
 

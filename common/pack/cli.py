@@ -25,7 +25,7 @@ def _fail(err: Exception):
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def inspect(path: Path):
     """Summarize a pack's manifest and sizes (checks header and manifest, not tensors)."""
-    from kvedge.common.pack.container import HEADER_SIZE, open_container, pack_id
+    from kvedge.common.pack.container import HEADER_SIZE, open_container, pack_id, read_header
 
     data = path.read_bytes()
     try:
@@ -47,7 +47,9 @@ def inspect(path: Path):
     click.echo("codec       " + ", ".join(f"{name} ×{n}" for name, n in codecs.items()))
     for side, spec in m.side.items():
         click.echo(f"side        {side} {spec}")
-    click.echo(f"bytes       header {HEADER_SIZE:,}, manifest {len(m.to_json()):,}")
+    stored = read_header(data)[1]
+    click.echo(f"bytes       header {HEADER_SIZE:,}, manifest {stored:,}"
+               + (f" ({len(m.to_json()):,} as JSON)" if stored != len(m.to_json()) else ""))
     for kind, parts in _bytes_by_kind(c).items():
         detail = ", ".join(f"{part} {n:,}" for part, n in sorted(parts.items()))
         click.echo(f"  {_KINDS.get(kind, kind):<15} {sum(parts.values()):>12,}  ({detail})")

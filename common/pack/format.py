@@ -21,8 +21,9 @@ import zstandard
 from kvedge.common.fsutil import write_atomic
 from kvedge.common.pack.codecs import (DEFAULT_CODEC, Codec, FloatCodec, Piece, Role,
                                        get_codec)
-from kvedge.common.pack.container import (Container, RawPart, assemble, open_container,
-                                          pack_id, parse_safetensors, tensor_checksum)
+from kvedge.common.pack.container import (Container, RawPart, assemble, lay_out,
+                                          open_container, pack_id, parse_safetensors,
+                                          tensor_checksum)
 from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.errors import ModelMismatch, PackCorrupt
 from kvedge.common.pack.manifest import FORMAT_VERSION, Manifest, TensorEntry, kv_name
@@ -38,25 +39,47 @@ _DECODE_ERRORS = (ValueError, RuntimeError, KeyError, TypeError, IndexError, Att
 
 # ---------------------------------------------------------------------- writing
 def encode_pack(ctx: KVContext, codec: str | Codec = DEFAULT_CODEC,
-                side_codec: str | Codec = "fp16", **options) -> bytes:
-    """The pack's bytes (canonical: the same context and codec give the same bytes)."""
+                side_codec: str | Codec = "fp16", *, format_version: int = FORMAT_VERSION,
+                **options) -> bytes:
+    """The pack's bytes (canonical: the same context and codec give the same bytes).
+    `format_version` 1 writes the old layout (kept to test that stores' old packs still read)."""
     codec = get_codec(codec, **options) if isinstance(codec, str) else codec
     side_codec = get_codec(side_codec) if isinstance(side_codec, str) else side_codec
     if not isinstance(getattr(side_codec, "inner", side_codec), FloatCodec):
         raise ValueError(f"side tensors (H, n, D) need a float codec, not {side_codec.name!r}")
     encoded = {**_encode_heads(ctx, codec), **_encode_side(ctx, side_codec)}
-    payload = safetensors.torch.save({f"{name}/{part}": t.contiguous()
-                                      for name, (_, parts, _) in encoded.items()
-                                      for part, t in parts.items()})
-    raw = parse_safetensors(memoryview(payload))
-    entries = {name: TensorEntry(c.name, params, tuple(parts), tensor_checksum(
-                   name, c.name, params, [(p, raw[f"{name}/{p}"]) for p in parts]))
-               for name, (c, parts, params) in encoded.items()}
+    if format_version < 2:
+        payload = safetensors.torch.save({f"{name}/{part}": t.contiguous()
+                                          for name, (_, parts, _) in encoded.items()
+                                          for part, t in parts.items()})
+        raw = parse_safetensors(memoryview(payload))
+    else:
+        raw = {f"{name}/{part}": _raw(t) for name, (_, parts, _) in encoded.items()
+               for part, t in parts.items()}
+    entries = {}
+    for name, (c, parts, params) in encoded.items():
+        mine = [(p, raw[f"{name}/{p}"]) for p in parts]
+        layout = tuple((r.dtype, r.shape) for _, r in mine) if format_version >= 2 else ()
+        entries[name] = TensorEntry(c.name, params, tuple(parts),
+                                    tensor_checksum(name, c.name, params, mine), layout)
     kept = [[p.tolist() for p in layer] for layer in ctx.kept_positions]
     manifest = Manifest(ctx.model_fingerprint, ctx.tokenizer_id, ctx.namespace, ctx.n_layers,
                         ctx.n_kv_heads, ctx.head_dim, ctx.token_ids, ctx.positions,
-                        ctx.segments, kept, entries, _side_spec(ctx), list(ctx.anchor))
-    return assemble(manifest.to_json(), payload, FORMAT_VERSION)
+                        ctx.segments, kept, entries, _side_spec(ctx), list(ctx.anchor),
+                        format_version)
+    if format_version >= 2:  # the parts end to end, in the order readers lay them out
+        payload = lay_out([raw[f"{name}/{p}"] for name in manifest.expected_tensors()
+                           for p in entries[name].parts])
+    return assemble(manifest.to_json(), payload, format_version)
+
+
+_SAFETENSORS_DTYPES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+
+
+def _raw(t: torch.Tensor) -> RawPart:
+    """A tensor's bytes as one payload part."""
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return RawPart(_SAFETENSORS_DTYPES[t.dtype], tuple(t.shape), memoryview(data))
 
 
 def _encode_heads(ctx: KVContext, codec: Codec) -> dict:

@@ -15,7 +15,10 @@ still reads valid pre-RoPE KV of the context's tokens.
 
 Every payload tensor has an entry: its codec (a registry name such as "int4+zstd"), the
 codec's parameters (what decoding needs), the names of its parts in the payload, and a blake3
-checksum over those parts. `Manifest.from_json` validates everything that can be checked
+checksum over those parts. From format 2 on an entry also gives each part's `layout` (dtype,
+shape): the payload is the parts laid end to end in `expected_tensors` order, so it needs no
+header of its own (format 1's payload was a safetensors file, whose JSON header cost ~46 KB
+on a 240-tensor pack). `Manifest.from_json` validates everything that can be checked
 without the payload and raises `PackCorrupt` for anything malformed, so code downstream of it
 can trust shapes and index ranges.
 """
@@ -27,8 +30,10 @@ from dataclasses import dataclass, field
 
 from kvedge.common.pack.errors import PackCorrupt, PackVersionError
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+# payload part dtypes (safetensors' names) → bytes per element
+DTYPE_SIZES = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 _HEX = re.compile(r"[0-9a-f]+")
 _MAX_INDEX = 1 << 40  # positions / token ids beyond this are corruption, not data
 
@@ -41,10 +46,24 @@ class TensorEntry:
     params: dict
     parts: tuple[str, ...]  # payload names are f"{tensor}/{part}"
     checksum: str           # blake3 hex over name, codec, params, parts (container.py)
+    layout: tuple[tuple[str, tuple[int, ...]], ...] = ()  # format ≥ 2: (dtype, shape) per part
 
     def to_dict(self) -> dict:
-        return {"codec": self.codec, "params": self.params, "parts": list(self.parts),
-                "checksum": self.checksum}
+        doc = {"codec": self.codec, "params": self.params, "parts": list(self.parts),
+               "checksum": self.checksum}
+        if self.layout:
+            doc["layout"] = [[dtype, list(shape)] for dtype, shape in self.layout]
+        return doc
+
+    def part_sizes(self) -> list[int]:
+        """Bytes of each part, from the layout."""
+        sizes = []
+        for dtype, shape in self.layout:
+            n = DTYPE_SIZES[dtype]
+            for s in shape:
+                n *= s
+            sizes.append(n)
+        return sizes
 
 
 @dataclass
@@ -143,8 +162,9 @@ class Manifest:
         for name, entry in d.object("tensors").items():
             e = _Fields(entry, f"tensors.{name}")
             parts = tuple(_str_list(e.array("parts"), name))
+            layout = _layout(e.array("layout"), name) if version >= 2 else ()
             tensors[name] = TensorEntry(e.string("codec"), e.object("params"), parts,
-                                        e.string("checksum"))
+                                        e.string("checksum"), layout)
         kept = [[from_runs(h, n_tokens, "kept") for h in _list(layer, "kept")]
                 for layer in d.array("kept")]
         segments = [tuple(_int_list(s, "segments")) for s in d.array("segments")]
@@ -154,6 +174,19 @@ class Manifest:
                    from_runs(d.array("positions"), n_tokens, "positions"),
                    segments, kept, tensors, d.object("side"),
                    _int_list(doc.get("anchor", []), "anchor"), version)
+
+
+def _layout(doc: list, name: str) -> tuple:
+    """A format-2 entry's [[dtype, shape], ...] → ((dtype, (dims...)), ...), checked."""
+    layout = []
+    for item in doc:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and item[0] in DTYPE_SIZES
+                and isinstance(item[1], list)
+                and all(_is_int(d) and 0 <= d < _MAX_INDEX for d in item[1])):
+            raise PackCorrupt("manifest layout entries must be [dtype, [dims ≥ 0]]", name)
+        layout.append((item[0], tuple(item[1])))
+    return tuple(layout)
 
 
 def kv_name(kind: str, layer: int, head: int) -> str:
@@ -264,6 +297,9 @@ def _check_tensors(m: Manifest) -> None:
             raise PackCorrupt("manifest part names must be unique, non-empty, without '/'", name)
         if len(entry.checksum) != 64 or not _HEX.fullmatch(entry.checksum):
             raise PackCorrupt("manifest checksum must be 64 hex digits", name)
+        if len(entry.layout) != (len(entry.parts) if m.version >= 2 else 0):
+            raise PackCorrupt(f"manifest layout must give each part's dtype and shape from "
+                              f"format 2 on (format {m.version})", name)
 
 
 # ---------------------------------------------------------------------- typed access
