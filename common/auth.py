@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.common.errors import InvalidRequest, KvedgeError
-from kvedge.common.fsutil import write_json_atomic, write_text_atomic
+from kvedge.common.fsutil import locked, write_json_atomic, write_text_atomic
 
 ALL = "*"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -93,9 +93,10 @@ class TokenStore:
             if ns != ALL:
                 check_name("namespace", ns)
         token = "kve_" + secrets.token_urlsafe(32)
-        entries = self._load()
-        entries[_digest(token)] = {"name": name, "namespaces": sorted(set(namespaces))}
-        write_json_atomic(self.path, entries, mode=0o600, indent=1)
+        with locked(self.path):  # concurrent issuers: each adds to what the last one wrote
+            entries = self._load()
+            entries[_digest(token)] = {"name": name, "namespaces": sorted(set(namespaces))}
+            write_json_atomic(self.path, entries, mode=0o600, indent=1)
         return token
 
     def check(self, token: str | None) -> Principal:

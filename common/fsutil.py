@@ -5,6 +5,9 @@ file under its final name (DESIGN.md decision 4):
 - `write_atomic` (and `write_text_atomic`, `write_json_atomic`): write to a temporary file in
   the same folder, fsync it, rename it over the target, fsync the folder so the rename itself
   survives a power cut. Packs, the edge's KB manifests, tokens and token stores use it.
+- `locked`: an exclusive lock on a sidecar `<name>.lock` for a read-modify-write of a small
+  state file (a token store), which threads and processes (`kvctl token issue` beside a
+  running gateway) may do at once; without it one of two writers' changes is lost.
 - `PartFile`: a transfer that arrives in chunks as `<name>.part`, resumable from the bytes it
   holds; a chunk must continue exactly where the held bytes end, and the finished file enters
   under its final name only after it is verified (a file that fails is deleted). Uploads
@@ -13,6 +16,7 @@ file under its final name (DESIGN.md decision 4):
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -59,6 +63,21 @@ def replace_durably(source: Path, target: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+@contextmanager
+def locked(path: Path | str) -> Iterator[None]:
+    """Hold an exclusive lock on `path`'s sidecar `<name>.lock` (created owner-only) for the
+    `with`. flock: each call opens its own descriptor, so threads of one process exclude each
+    other as processes do; the lock goes with the descriptor if the holder dies."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @contextmanager

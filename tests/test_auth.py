@@ -26,7 +26,9 @@ def test_issue_stores_only_the_digest(store):
     assert json.loads(raw) == {hashlib.sha256(token.encode()).hexdigest():
                                {"name": "alice", "namespaces": ["tenant-a"]}}
     assert mode(store.path) == 0o600
-    assert not [p for p in store.path.parent.iterdir() if p != store.path]  # no temp files
+    lock = store.path.with_name("tokens.json.lock")  # empty: only its flock matters
+    assert mode(lock) == 0o600 and lock.stat().st_size == 0
+    assert not [p for p in store.path.parent.iterdir() if p not in (store.path, lock)]  # no temp
 
 
 def test_check_returns_the_principal_of_each_token(store):
@@ -144,3 +146,14 @@ def test_write_secret_tightens_an_existing_file(tmp_path):
     write_secret(path, "kve_secret")
     assert mode(path) == 0o600 and path.read_text() == "kve_secret\n"
     assert [p.name for p in tmp_path.iterdir()] == ["edge.token"]  # no temp file left
+
+
+def test_tokens_issued_at_once_are_all_kept(tmp_path):
+    """Read-modify-write of tokens.json from many threads (and processes: the same flock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "state" / "tokens.json"
+    with ThreadPoolExecutor(8) as pool:
+        tokens = list(pool.map(lambda i: TokenStore(path).issue(f"t{i}", ["ns"]), range(24)))
+    store = TokenStore(path)
+    assert sorted(store.check(t).name for t in tokens) == sorted(f"t{i}" for i in range(24))
