@@ -30,7 +30,7 @@ QUESTION = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What is the alpha code?"}]
 
 
-VARIANT = "none-1-int8"  # the batch job's variant: no eviction, int8 codec
+VARIANT = "none-1-int4"  # the batch job's variant: no eviction, int4 codec
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def upload_with_variant(cloud, folder):
     with CloudClient(cloud["address"], cloud["token"]) as c:
         c.upload(folder, "default", "reg")
         c.wait_ready("default", "reg", timeout=120)
-        job = c.submit_job("default", ["reg"], "none", 1.0, "int8")
+        job = c.submit_job("default", ["reg"], "none", 1.0, "int4")
         assert job.variant == VARIANT
         assert list(c.watch_job("default", job.job_id))[-1].status == "done"
 
@@ -139,7 +139,7 @@ def test_strategy_options_and_top_k_ride_in_the_extension_field(edge):
     assert full["recomputed_tokens"] > 0
     variant = chat(edge, f"reg@{edge['variant']}")
     assert variant.model == f"default/reg@{edge['variant']}"
-    assert variant.kvedge["bytes_loaded"] < chat(edge).kvedge["bytes_loaded"]  # int8 packs
+    assert variant.kvedge["bytes_loaded"] < chat(edge).kvedge["bytes_loaded"]  # int4 vs int8+zstd
 
 
 def test_streaming_sends_the_same_answer_in_chunks(edge):
