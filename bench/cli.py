@@ -268,7 +268,12 @@ def bench():
 @click.option("--doc-tokens", type=click.IntRange(50), default=None,
               help=f"{FACTS} documents of about this many tokens, one pack each (SamKV's "
               "suite: 1500); cells do not record it: give such a run its own --out")
-def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens,
+@click.option("--order", type=click.Choice(["given", "retrieved"]), default="given",
+              show_default=True,
+              help="reuse prompts' document order: the item's (the answer anywhere), or per "
+              "question the edge's retrieval order (BM25, best last); cells do not record it: "
+              "give such a run its own --out")
+def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
             **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md."""
     from tqdm import tqdm
@@ -282,7 +287,7 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     out = Path(out_dir)
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
-                   anchored=anchored, doc_tokens=doc_tokens)
+                   anchored=anchored, doc_tokens=doc_tokens, order=order)
     rows = run_grid(p, results, runner.run, codecs=codecs,
                     progress=lambda cells: tqdm(cells, desc="cells"))
     click.echo(f"{len(rows)} new cells → {results}")

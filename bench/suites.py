@@ -62,6 +62,9 @@ class Bench:
     #                                     documents); each then ingests as one segment
     shared_ceiling: bool = True         # recompute prefills each prompt's context once
     #                                     (False: a full prefill per question, to check it)
+    order: str = "given"                # "given": documents in the item's order (the answer
+    #                                     anywhere); "retrieved": per question, ranked by the
+    #                                     edge's BM25 against it, best last (EdgeEngine.retrieve)
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -162,34 +165,46 @@ class Bench:
 
     def _reuse(self, item: QAItem, strategy, codec: str) -> list[dict]:
         """Every question of the item over its documents' packs, composed in the item's
-        order; the packs are loaded once per item (`load_s`, what each question's edge-cache
-        miss costs)."""
-        files = [f for doc in item.documents for f in self.pack_files(doc, False, codec)]
+        order or, `order="retrieved"`, in the order the edge's retrieval gives that question;
+        the packs are loaded once per item (`load_s`, what each question's edge-cache miss
+        costs)."""
+        files = [self.pack_files(doc, False, codec) for doc in item.documents]
         start = time.perf_counter()
-        segments = [self.load(path) for path, _ in files]
+        segments = [[self.load(path) for path, _ in doc] for doc in files]
         common = {"load_s": time.perf_counter() - start, "documents": len(item.documents),
-                  "shipped_bytes": sum(size for _, size in files)}
+                  "shipped_bytes": sum(size for doc in files for _, size in doc)}
         out = []
         for i, q in enumerate(item.questions):
+            order = self.document_order(item, q)
+            composed_of = [seg for d in order for seg in segments[d]]
             phases = {}
             if strategy == self.timed:
-                composed = self.engine.compose(segments, q.text, q.instruction)
+                composed = self.engine.compose(composed_of, q.text, q.instruction)
                 phases = {f"phase_{k}": v for k, v in ttft_phases(
                     self.engine.rt, composed, strategy, self.new_tokens(q)).items()}
-            at = item.answer_at[i] if item.answer_at else None
-            out.append({**self._ask(segments, strategy, q), **common, **phases,
+            at = order.index(item.answer_at[i]) if item.answer_at else None
+            out.append({**self._ask(composed_of, strategy, q), **common, **phases,
                         "answer_at": at})
         return out
+
+    def document_order(self, item: QAItem, question: Question) -> list[int]:
+        """Indices of the item's documents in the order a question's prompt composes them."""
+        if self.order == "given":
+            return list(range(len(item.documents)))
+        from kvedge.edge.retrieval import BM25Index
+
+        ranked = BM25Index(item.documents).top_k(question.text, len(item.documents))
+        return ranked[::-1]  # best last, next to the question: what EdgeEngine.retrieve does
 
     def _recompute(self, item: QAItem, codec: str) -> list[dict]:
         """The recompute ceiling's rows, one full prefill per prompt (`SharedContext`): the
         first question's TTFT — a real full prefill's — is recorded as every question's. A
-        full prefill per question where `shared_ceiling` is off or recompute's TTFT is being
-        split by phase."""
+        full prefill per question where `shared_ceiling` is off, recompute's TTFT is being
+        split by phase, or each question has its own document order."""
         from kvedge.edge.strategies import get_strategy
 
         recompute = get_strategy("recompute")
-        if not self.shared_ceiling or recompute == self.timed:
+        if not self.shared_ceiling or recompute == self.timed or self.order != "given":
             return self._reuse(item, recompute, codec)
         rows = self._reuse(item, SharedContext(), codec)
         return [{**row, "first_token_s": rows[0]["first_token_s"]} for row in rows]

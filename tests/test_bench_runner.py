@@ -455,3 +455,25 @@ def test_a_run_with_four_questions_per_prompt_makes_its_cells_and_report(tmp_pat
         assert f"| {setting(r)} |" in report
     again = CliRunner().invoke(bench, args)
     assert again.exit_code == 0 and "0 new cells" in again.output
+
+
+def test_retrieved_order_puts_each_questions_best_document_last():
+    """`order="retrieved"`: each question's prompt composes the documents as the edge's
+    retrieval ranks them for it (BM25, best last); the answer's document moves with it."""
+    from kvedge.bench.datasets import FACTS, load_items
+    from kvedge.bench.runner import Cell
+
+    bench_ = Bench("tiny-llama", max_new_tokens=4, breakdown=None, order="retrieved")
+    items = load_items(FACTS, "reuse", 3, 6, 0, bench_.prefill.loaded.tokenizer, None, 3)
+    last = 0
+    for item in items:
+        for q, at in zip(item.questions, item.answer_at):
+            order = bench_.document_order(item, q)
+            assert sorted(order) == [0, 1, 2]
+            last += order[-1] == at  # the generated questions name their structure
+    assert last >= 5
+    given = Bench("tiny-llama", max_new_tokens=4, breakdown=None)
+    assert given.document_order(items[0], items[0].questions[0]) == [0, 1, 2]
+    row = bench_.run(Cell("reuse", FACTS, 3, "recompute", 1.0, 6, per_prompt=3))
+    assert row["questions"] == 6
+    assert sum(q["answer_at"] == q["documents"] - 1 for q in row["per_question"]) == last
