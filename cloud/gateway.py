@@ -188,6 +188,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
 
     def _ingest(self, ns, name, texts, seg_tokens, whole, codec):
         stored: list[str] = []
+        from kvedge.cloud.workers import install_transforms
+
         try:
             identity = self.pool.identity()
             segments = self.pool.segment(texts, seg_tokens, whole)
@@ -195,6 +197,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             rows = []
             encoded = self.pool.encode_all(segments, ns, codec, anchored=self.config.anchored)
             for done, enc in enumerate(encoded, 1):
+                install_transforms(enc)
                 self.store.put(enc.pack_id, enc.data)
                 stored.append(enc.pack_id)
                 src = segments[enc.index].source

@@ -262,6 +262,8 @@ class JobRunner:
     def _compress_contexts(self, job, kb, segments, cancelled, rows, stored) -> None:
         """Run the method over the KB's contexts; appends to `rows` (what to publish),
         `stored` (packs written) and the job's failures, saving progress per context."""
+        from kvedge.cloud.workers import install_transforms
+
         sources = {s.idx: s.source for s in segments}
         packs = [(s.idx, self.store.read(s.pack_id)) for s in segments]
         for idx, outcome in self.pool.compress_all(packs, job.method, job.budget, job.codec,
@@ -270,6 +272,7 @@ class JobRunner:
                 job.failures.append({"kb": kb, "segment": idx,
                                      "error": f"{type(outcome).__name__}: {outcome}"})
             else:
+                install_transforms(outcome)
                 self.store.put(outcome.pack_id, outcome.data)
                 stored.append(outcome.pack_id)
                 rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),

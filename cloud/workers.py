@@ -43,6 +43,24 @@ class EncodedSegment:
     n_tokens: int
     fp16_bytes: int
     seconds: float = 0.0
+    # (digest, file bytes) of kvtc transforms the pack names that this worker has not shipped
+    # before: a worker on another machine calibrates into its own transforms folder, and
+    # the gateway serves edges from its own (`install_transforms`)
+    transforms: tuple[tuple[str, bytes], ...] = ()
+
+
+def install_transforms(enc: EncodedSegment, store=None) -> None:
+    """Put the transforms a worker shipped with a pack into the gateway's transforms folder
+    (checked against their digests) before the pack is stored, so every pack the gateway
+    holds can be served with what it needs (FetchTransform)."""
+    if not enc.transforms:
+        return
+    from kvedge.common.pack.codecs.kvtc import default_store
+
+    store = store or default_store()
+    for digest, data in enc.transforms:
+        if not store.has(digest):
+            store.add(digest, data)
 
 
 class PrefillEngine:
@@ -56,6 +74,7 @@ class PrefillEngine:
             torch.set_num_threads(threads)
         self.loaded = load_model(model_name)
         self.rt = Runtime(self.loaded)
+        self._shipped: set[str] = set()  # transforms already sent with a pack (_unshipped)
 
     def identity(self) -> dict:
         cfg = self.loaded.config
@@ -88,7 +107,17 @@ class PrefillEngine:
                                    query_tokens=1, namespace=namespace, anchor=anchor)
         data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
-                              self.fp16_bytes(ctx.n_tokens))
+                              self.fp16_bytes(ctx.n_tokens), transforms=self._unshipped(data))
+
+    def _unshipped(self, data: bytes) -> tuple[tuple[str, bytes], ...]:
+        """The transform files this pack names that this engine has not shipped yet (each
+        once per engine: a restarted actor ships again; the gateway skips what it has)."""
+        from kvedge.common.pack.codecs.kvtc import default_store, referenced_transforms
+        from kvedge.common.pack.container import read_manifest
+
+        digests = sorted(referenced_transforms(read_manifest(data)) - self._shipped)
+        self._shipped.update(digests)
+        return tuple((d, default_store().path(d).read_bytes()) for d in digests)
 
     def prefill_segment(self, token_ids: list[int], anchored: bool = False):
         """(keys, values, queries) per layer of the segment's tokens only, pre-RoPE, each
@@ -137,7 +166,8 @@ class PrefillEngine:
         ctx = evict_context(self.rt, read_pack(pack, self.loaded.fingerprint), method, budget)
         data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(index, pack_id(data), data, ctx.n_tokens,
-                              self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start)
+                              self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start,
+                              self._unshipped(data))
 
 
 TASK_RETRIES = 3

@@ -174,3 +174,71 @@ def test_a_pack_names_the_transforms_it_needs_under_any_stage(tmp_path, monkeypa
         pack = encode_pack(ctx, get_codec(spec, transform=digest) if "kvtc" in spec
                            else get_codec(spec))
         assert referenced_transforms(read_manifest(pack)) == want, spec
+
+
+class OtherMachinePool(LocalPool):
+    """A worker on another machine: its engine runs under its own KVEDGE_HOME (where it
+    calibrates the transform), the gateway under another. One ingest at a time in a test,
+    so swapping the process's variable around each engine call stands in for two hosts."""
+
+    def __init__(self, engine, home, gateway_home):
+        super().__init__(engine)
+        self.home, self.gateway_home = str(home), str(gateway_home)
+
+    def _on_worker(self, results):
+        import os
+
+        it = iter(results)
+        while True:
+            os.environ["KVEDGE_HOME"] = self.home
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                os.environ["KVEDGE_HOME"] = self.gateway_home
+            yield item
+
+    def encode_all(self, segments, namespace, codec, anchored=False):
+        return self._on_worker(super().encode_all(segments, namespace, codec, anchored))
+
+    def compress_all(self, packs, method, budget, codec, cancelled=None):
+        return self._on_worker(super().compress_all(packs, method, budget, codec, cancelled))
+
+
+def test_a_transform_calibrated_on_a_worker_elsewhere_is_shipped_to_the_gateway(
+        tmp_path, monkeypatch):
+    """The gateway serves FetchTransform from its own folder: a worker with another home
+    sends each transform with the first pack that names it (once per worker), the gateway
+    installs it (checked) before storing the pack, for ingests and for jobs."""
+    worker_home, gateway_home = tmp_path / "worker", tmp_path / "gateway"
+    monkeypatch.setenv("KVEDGE_HOME", str(gateway_home))
+    monkeypatch.setattr(kvtc, "CALIBRATION_TEXT", kvtc.CALIBRATION_TEXT[:600])
+    engine = PrefillEngine(MODEL)
+    folder = tmp_path / "kb"
+    folder.mkdir()
+    for name, text in DOCS.items():
+        (folder / name).write_text(text)
+    data = tmp_path / "cloud"
+    server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48),
+                                  "127.0.0.1:0", pool=OtherMachinePool(engine, worker_home,
+                                                                       gateway_home))
+    try:
+        with CloudClient(f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()) as c:
+            c.upload(folder, "default", "far", codec="kvtc:bits=2,embed=false")
+            info = c.wait_ready("default", "far", timeout=120)
+            digest = TransformStore(worker_home / "transforms").for_model(
+                engine.loaded.fingerprint)
+            assert digest and len(info.segments) >= 2
+            gw = TransformStore(gateway_home / "transforms")
+            assert gw.path(digest).read_bytes() == \
+                (worker_home / "transforms" / f"{digest}.kvtc").read_bytes()
+            assert engine._shipped == {digest}  # sent with the first pack only
+            assert c.fetch_transform("default", digest) == gw.path(digest).read_bytes()
+            gw.path(digest).unlink()  # lost on the gateway: a job's worker (restarted) resends
+            engine._shipped.clear()
+            job = c.submit_job("default", ["far"], "none", 1.0, "kvtc:bits=2,embed=false")
+            assert list(c.watch_job("default", job.job_id))[-1].status == "done"
+            assert gw.has(digest)
+    finally:
+        server.stop(0)

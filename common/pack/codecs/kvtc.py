@@ -39,7 +39,9 @@ records the digest. Two ways to ship it:
   transform file in its own transforms folder — absent is `TransformMissing`, bytes that do
   not hash to the name `TransformMismatch`. The edge's sync ships it: after a KB's packs it
   fetches each transform they name (`referenced_transforms`) that the edge lacks from the
-  gateway (`FetchTransform`, served from the gateway's own transforms folder), checks its
+  gateway (`FetchTransform`, served from the gateway's own transforms folder — a Ray worker
+  on another machine sends each transform with the first pack that names it, and the gateway
+  installs it before storing the pack: `cloud.workers.install_transforms`), checks its
   blake3 and installs it (`TransformStore.add`) before the KB's manifest, so the engine
   never sees a KB it cannot decode.
 Without a transform (`transform=''`: `get_codec("kvtc")` outside a worker) every head gets
