@@ -5,11 +5,15 @@ fingerprint check out, read from the file mapped from disk (never copied into me
 packs can be hundreds of MB); a broken transfer stays as `<id>.part` and resumes from its
 size (`kvedge.common.fsutil.PartFile`, the same resumable transfer uploads use).
 Packs of the KBs this edge serves are pinned; others are evicted least-recently-used when
-the cache is over its byte budget.
+the cache is over its byte budget. A pack's last use is its file's access time, set
+explicitly on every use (`_touch`): a read answered from the memory LRU touches no file, and
+mounts with relatime or noatime would not record reads from disk either.
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +97,7 @@ class PackCache:
         if ctx is not None:
             return ctx
         ctx = self._read(pack_id, read_pack)
+        self._touch(pack_id)
         with self._lock:
             self._decoded[pack_id] = ctx
             while len(self._decoded) > self.memory_entries:
@@ -108,7 +113,11 @@ class PackCache:
         from kvedge.common.pack.segment import PackSegment
 
         ctx = self._in_memory(pack_id)
-        return ctx if ctx is not None else self._read(pack_id, PackSegment.open)
+        if ctx is not None:
+            return ctx
+        opened = self._read(pack_id, PackSegment.open)
+        self._touch(pack_id)
+        return opened
 
     def _in_memory(self, pack_id: str):
         """The decoded context if the memory LRU holds it (a hit, refreshed), else None (a
@@ -117,9 +126,20 @@ class PackCache:
             if pack_id in self._decoded:
                 self._decoded.move_to_end(pack_id)
                 self.stats.hits += 1
-                return self._decoded[pack_id]
-            self.stats.misses += 1
-            return None
+                ctx = self._decoded[pack_id]
+            else:
+                self.stats.misses += 1
+                return None
+        self._touch(pack_id)
+        return ctx
+
+    def _touch(self, pack_id: str) -> None:
+        """Record a use: the file's access time is now (what `evict` orders by)."""
+        path = self.path(pack_id)
+        try:
+            os.utime(path, (time.time(), path.stat().st_mtime))
+        except FileNotFoundError:  # evicted or deleted meanwhile: nothing to order
+            pass
 
     def recheck(self, pack_id: str) -> bool:
         """Verify a cached pack's file again (after an answer over it failed as corrupt);
