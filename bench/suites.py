@@ -174,8 +174,7 @@ class Bench:
         common = {"load_s": time.perf_counter() - start, "documents": len(item.documents),
                   "shipped_bytes": sum(size for doc in files for _, size in doc)}
         out = []
-        for i, q in enumerate(item.questions):
-            order = self.document_order(item, q)
+        for i, (q, order) in enumerate(zip(item.questions, self.document_orders(item))):
             composed_of = [seg for d in order for seg in segments[d]]
             phases = {}
             if strategy == self.timed:
@@ -187,14 +186,17 @@ class Bench:
                         "answer_at": at})
         return out
 
-    def document_order(self, item: QAItem, question: Question) -> list[int]:
-        """Indices of the item's documents in the order a question's prompt composes them."""
+    def document_orders(self, item: QAItem) -> list[list[int]]:
+        """Per question, the indices of the item's documents in the order its prompt
+        composes them."""
+        n = len(item.documents)
         if self.order == "given":
-            return list(range(len(item.documents)))
+            return [list(range(n)) for _ in item.questions]
         from kvedge.edge.retrieval import BM25Index
 
-        ranked = BM25Index(item.documents).top_k(question.text, len(item.documents))
-        return ranked[::-1]  # best last, next to the question: what EdgeEngine.retrieve does
+        index = BM25Index(item.documents)  # one index per item, as an edge has one per KB
+        # best last, next to the question: what EdgeEngine.retrieve does
+        return [index.top_k(q.text, n)[::-1] for q in item.questions]
 
     def _recompute(self, item: QAItem, codec: str) -> list[dict]:
         """The recompute ceiling's rows, one full prefill per prompt (`SharedContext`): the

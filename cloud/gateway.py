@@ -187,9 +187,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             thread.start()
 
     def _ingest(self, ns, name, texts, seg_tokens, whole, codec):
-        stored: list[str] = []
         from kvedge.cloud.workers import install_transforms
 
+        stored: list[str] = []
         try:
             identity = self.pool.identity()
             segments = self.pool.segment(texts, seg_tokens, whole)

@@ -467,13 +467,12 @@ def test_retrieved_order_puts_each_questions_best_document_last():
     items = load_items(FACTS, "reuse", 3, 6, 0, bench_.prefill.loaded.tokenizer, None, 3)
     last = 0
     for item in items:
-        for q, at in zip(item.questions, item.answer_at):
-            order = bench_.document_order(item, q)
+        for order, at in zip(bench_.document_orders(item), item.answer_at):
             assert sorted(order) == [0, 1, 2]
             last += order[-1] == at  # the generated questions name their structure
     assert last >= 5
     given = Bench("tiny-llama", max_new_tokens=4, breakdown=None)
-    assert given.document_order(items[0], items[0].questions[0]) == [0, 1, 2]
+    assert given.document_orders(items[0])[0] == [0, 1, 2]
     row = bench_.run(Cell("reuse", FACTS, 3, "recompute", 1.0, 6, per_prompt=3))
     assert row["questions"] == 6
     assert sum(q["answer_at"] == q["documents"] - 1 for q in row["per_question"]) == last

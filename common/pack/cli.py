@@ -47,9 +47,9 @@ def inspect(path: Path):
     click.echo("codec       " + ", ".join(f"{name} ×{n}" for name, n in codecs.items()))
     for side, spec in m.side.items():
         click.echo(f"side        {side} {spec}")
-    stored = read_header(data)[1]
+    stored, as_json = read_header(data)[1], len(m.to_json())
     click.echo(f"bytes       header {HEADER_SIZE:,}, manifest {stored:,}"
-               + (f" ({len(m.to_json()):,} as JSON)" if stored != len(m.to_json()) else ""))
+               + (f" ({as_json:,} as JSON)" if stored != as_json else ""))
     for kind, parts in _bytes_by_kind(c).items():
         detail = ", ".join(f"{part} {n:,}" for part, n in sorted(parts.items()))
         click.echo(f"  {_KINDS.get(kind, kind):<15} {sum(parts.values()):>12,}  ({detail})")

@@ -34,6 +34,14 @@ FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
 # payload part dtypes (safetensors' names) → bytes per element
 DTYPE_SIZES = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+
+
+def part_nbytes(dtype: str, shape) -> int:
+    """Bytes of a payload part of this dtype (a DTYPE_SIZES key) and shape."""
+    n = DTYPE_SIZES[dtype]
+    for s in shape:
+        n *= s
+    return n
 _HEX = re.compile(r"[0-9a-f]+")
 _MAX_INDEX = 1 << 40  # positions / token ids beyond this are corruption, not data
 
@@ -57,13 +65,7 @@ class TensorEntry:
 
     def part_sizes(self) -> list[int]:
         """Bytes of each part, from the layout."""
-        sizes = []
-        for dtype, shape in self.layout:
-            n = DTYPE_SIZES[dtype]
-            for s in shape:
-                n *= s
-            sizes.append(n)
-        return sizes
+        return [part_nbytes(dtype, shape) for dtype, shape in self.layout]
 
 
 @dataclass
