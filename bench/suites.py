@@ -225,7 +225,7 @@ class Bench:
         scores_, score_s = self._scores[key]
         start = time.perf_counter()
         kept = m.keep(scores_, ctx)
-        return ctx.select(kept), score_s + time.perf_counter() - start
+        return ctx.evicted(kept), score_s + time.perf_counter() - start
 
     def _context(self, item: QAItem, codec: str = DEFAULT_CODEC):
         (ctx, _), = self.packs("".join(item.documents), True, codec)

@@ -128,6 +128,22 @@ def test_block_summaries_of_ragged_head_skip_evicted_tokens():
     assert empty[0, 1].tolist() == [0.0, 0.0, 0.0]
 
 
+def test_an_evicted_context_ships_without_block_summaries():
+    """Eviction drops the summaries (they summarize evicted keys and cost the same at any
+    budget); the pack is smaller and the edge derives them from the kept keys."""
+    ctx = make_context()
+    every = ctx.evicted(ctx.kept_positions)
+    assert every.block_summaries is ctx.block_summaries
+    small = ctx.evicted([[p[::4] for p in layer] for layer in ctx.kept_positions])
+    assert small.block_summaries is None
+    back = read_pack(encode_pack(small, "int4+zstd"))
+    assert back.block_summaries is None
+    assert len(encode_pack(small, "int4+zstd")) < len(encode_pack(
+        ctx.select(small.kept_positions), "int4+zstd"))
+    derived = ragged_block_summaries(small)  # what SamKV reads instead
+    assert derived[0].shape == ctx.block_summaries[0].shape
+
+
 def test_select_refuses_positions_not_held():
     ctx = ragged(make_context())
     with pytest.raises(ValueError, match="already held"):

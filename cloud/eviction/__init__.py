@@ -22,8 +22,9 @@ def get_method(name: str, budget: float, **params) -> EvictionMethod:
 
 
 def evict_context(rt, ctx, method: str, budget: float, **params):
-    """The context with only the KV pairs `method` keeps at `budget` (a ragged KVContext)."""
-    return ctx.select(get_method(method, budget, **params).evict(rt, ctx).kept)
+    """The context with only the KV pairs `method` keeps at `budget` (a ragged KVContext,
+    shipped without block summaries: `KVContext.evicted`)."""
+    return ctx.evicted(get_method(method, budget, **params).evict(rt, ctx).kept)
 
 
 __all__ = ["METHODS", "EvictionMethod", "EvictionResult", "NoEviction", "UnknownMethod",

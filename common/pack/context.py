@@ -110,6 +110,20 @@ class KVContext:
             kept.append([p[r] for p, r in zip(self.kept_positions[layer], rows)])
         return replace(self, keys=keys, values=values, kept_positions=kept)
 
+    def evicted(self, keep: Heads) -> "KVContext":
+        """What an eviction ships: `select(keep)` without the block summaries once any row is
+        dropped. Decision: the stored summaries are means over every key of a block, evicted
+        ones included, and cost 64-dim fp16 per (layer, KV head, block) whatever the budget —
+        at 5 % of a 1K-token context about 40 % of an int4 pack. What reads them (SamKV)
+        derives them from the kept keys instead (`ragged_block_summaries`), so they are not
+        shipped; a context nothing was evicted from keeps them. The pack then records no
+        block size: a reader takes the default 64, which every cloud prefill uses."""
+        out = self.select(keep)
+        if any(w.numel() < h.numel() for have, want in zip(self.kept_positions, keep)
+               for h, w in zip(have, want)):
+            out.block_summaries = None
+        return out
+
 
 def held_indices(held: Heads, keep: Heads) -> Heads:
     """Per (layer, head): the index among the held rows of each position kept (ValueError
