@@ -150,9 +150,11 @@ def _check_per_prompt(p: Preset) -> None:
     """Fact prompts of n documents hold 3n distinct questions (FACT_KINDS each)."""
     from kvedge.bench.tasks.multidoc import FACT_KINDS
 
-    if not p.per_prompt or FACTS not in p.reuse_tasks:
+    lengths = [*(p.reuse_lengths if FACTS in p.reuse_tasks else []),
+               *(p.evict_lengths if FACTS in p.evict_tasks else [])]
+    if not p.per_prompt or not lengths:
         return
-    fewest = min(p.reuse_lengths, default=0)
+    fewest = min(lengths)
     if p.per_prompt > len(FACT_KINDS) * fewest:
         raise click.BadParameter(
             f"--questions-per-prompt {p.per_prompt}: {fewest} {FACTS} documents hold "

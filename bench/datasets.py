@@ -132,9 +132,7 @@ def load_items(task: str, suite: str, length: int, n_items: int, seed: int,
     fact prompts only."""
     if task == "demo-kb":
         return demo_kb_items(suite, length, n_items, seed)
-    if task == FACTS:
-        if suite != "reuse":
-            raise ValueError(f"{FACTS} prompts are for the reuse suite")
+    if task == FACTS:  # eviction: the prompt's documents are one context, asked every question
         return fact_items(length, n_items, seed, tokenizer, doc_tokens,
                           per_prompt or QUESTIONS_PER_PROMPT)
     return generated_items(task, suite, length, n_items, seed, tokenizer)

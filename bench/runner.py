@@ -91,8 +91,10 @@ class Preset:
         for task, length, method in itertools.product(self.evict_tasks, self.evict_lengths,
                                                       self.methods):
             budgets = [1.0] if method in UNBUDGETED else self.budgets
+            per_prompt = fact_prompt_size(task, self.per_prompt)
             for codec in codecs[:1] if method.startswith(KVPRESS) else codecs:
-                cells += [Cell("evict", task, length, method, b, self.items, codec=codec)
+                cells += [Cell("evict", task, length, method, b, self.items, codec=codec,
+                               per_prompt=per_prompt)
                           for b in budgets]
         return list(dict.fromkeys(cells))
 

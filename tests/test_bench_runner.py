@@ -383,6 +383,23 @@ def test_questions_per_prompt_reach_the_cells_and_the_items():
     assert out.exit_code != 0 and "hold 6 distinct questions" in out.output
 
 
+def test_fact_prompts_are_an_eviction_context_with_many_questions():
+    """The eviction suite takes fact prompts as one context asked `per_prompt` questions
+    (the KBQA setting of the codec × eviction grid): cells record it, every question is
+    answered over the evicted KV, beside full KV's answers."""
+    from kvedge.bench.cli import apply_overrides
+    from kvedge.bench.datasets import FACTS
+
+    p = apply_overrides(preset("eviction", "tiny-llama"), suite="evict", tasks=[FACTS],
+                        lengths=[2], methods=["contrastkv"], budgets=[0.5], items=6,
+                        per_prompt=3)
+    cell, = p.cells()
+    assert cell.per_prompt == 3 and cell.key.endswith("/3-per-prompt")
+    row = Bench("tiny-llama", max_new_tokens=4, breakdown=None).run(cell)
+    assert row["questions"] == 6 and row["full_kv_score"] is not None
+    assert 0 < row["shipped_bytes"] < row["fp16_bytes"]
+
+
 def test_shared_context_gives_the_full_prefills_logits():
     """A later question over the first prefill's context KV: its last token's logits are the
     full prefill's (`EdgeEngine.answer` with recompute plans exactly this forward)."""
