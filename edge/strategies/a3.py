@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvedge.common.attention import attention_probs, key_votes
+from kvedge.common.attention import key_votes
 from kvedge.common.errors import InvalidOption
 from kvedge.common.kvcache import KVCache, kept_rows
 from kvedge.common.registry import option
@@ -52,16 +52,12 @@ from kvedge.edge.strategies.shallow import ShallowSelection
 
 def question_attention(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float,
                        window: int | None, n_positions: int) -> torch.Tensor:
-    """Σ over query heads and question tokens of their attention to each cached position.
+    """Σ over query heads and question tokens of their attention to each cached position:
+    SnapKV's votes (`key_votes`) summed over the KV heads.
 
     q (Hkv, G, Nq, D) rotated; returns scores (n_positions,) indexed by position.
     """
-    scores = torch.zeros(n_positions)
-    for group in layer.heads():
-        probs = attention_probs(q[group.kv_heads], group.keys, q_pos, group.positions, scale,
-                                window)  # (h, G, Nq, Tk)
-        scores.index_add_(0, group.positions.cpu(), probs.sum(dim=(0, 1, 2)).cpu())
-    return scores
+    return key_votes(q, q_pos, layer, scale, window, n_positions).sum(0)
 
 
 @STRATEGIES.register
