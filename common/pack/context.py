@@ -114,7 +114,8 @@ class KVContext:
         """What an eviction ships: `select(keep)` without the block summaries once any row is
         dropped. Decision: the stored summaries are means over every key of a block, evicted
         ones included, and cost 64-dim fp16 per (layer, KV head, block) whatever the budget —
-        at 5 % of a 1K-token context about 40 % of an int4 pack. What reads them (SamKV)
+        measured on SmolLM2-shaped KV of 1.5K tokens, int4+zstd: 34 % of the pack at 5 %
+        (41.8× → 62.9× below fp16), 22 % at 10 % (27.1× → 34.6×). What reads them (SamKV)
         derives them from the kept keys instead (`ragged_block_summaries`), so they are not
         shipped; a context nothing was evicted from keeps them. The pack then records no
         block size: a reader takes the default 64, which every cloud prefill uses."""
