@@ -236,6 +236,33 @@ def test_over_packs_only_the_kept_rows_are_decoded_and_the_answer_is_unchanged(c
         assert 0 < sum(rows) < stored  # kept rows (and the recompute scoring's) only
 
 
+def test_over_evicted_packs_the_block_summaries_come_from_the_kept_keys():
+    """An evicted pack ships no block summaries (`KVContext.evicted`): SamKV derives them
+    from the kept keys, over the opened pack as over its decoded context, and answers alike."""
+    from kvedge.common.pack.context import ragged_block_summaries
+    from kvedge.common.pack.format import encode_pack, open_pack
+    from kvedge.common.pack.segment import PackSegment
+    from kvedge.edge.strategies.samkv import summaries_of
+
+    rt = tiny_runtime("tiny-llama")
+    base = prompt(rt)
+    packs = [encode_pack(doc.evicted([[p[p % 3 != 0] for p in layer]
+                                      for layer in doc.kept_positions]), "int8+zstd")
+             for doc in base.segments]
+    opened = [PackSegment.open(p) for p in packs]
+    decoded = [open_pack(p).context() for p in packs]
+    assert all(seg.block_summaries is None for seg in opened + decoded)
+    for seg, ctx in zip(opened, decoded):
+        for got, want in zip(summaries_of(seg), ragged_block_summaries(ctx), strict=True):
+            assert torch.equal(got, want)
+    strategy = get_strategy("samkv", {"p": 0.5})
+    want, _ = answer_logits(rt, strategy, Composed(base.prefix_ids, base.prefix_keys,
+                                                   base.prefix_values, decoded, base.question_ids))
+    got, _ = answer_logits(rt, strategy, Composed(base.prefix_ids, base.prefix_keys,
+                                                  base.prefix_values, opened, base.question_ids))
+    assert torch.equal(got, want)
+
+
 def test_quantized_take_equals_indexing_the_dequantized_tensor():
     from kvedge.kernels.quant import quantize
 
