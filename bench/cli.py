@@ -21,7 +21,7 @@ import click
 
 from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
-from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.edge import DEFAULT_STRATEGY
 
@@ -339,7 +339,7 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
     """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
     one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
     from kvedge.bench.load import decode_costs, questions_in, run_load, table
-    from kvedge.cloud.demo import DEMO_KB
+    from kvedge.apps.demo import DEMO_KB
 
     folder = Path(kb_dir) if kb_dir else DEMO_KB
     model = model or DEFAULT_MODEL

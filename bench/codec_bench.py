@@ -184,7 +184,7 @@ def prepare(rt, lm, item: Item) -> Prepared:
 
 
 def greedy(rt, lm, p: Prepared, keys, values, n_new: int = 16) -> list[int]:
-    from kvedge.common.generate import generate
+    from kvedge.common.model.generate import generate
 
     cache = rt.dense_cache(keys, values, torch.arange(len(p.ids)), reserve=len(p.q_ids) + n_new)
     q_pos = torch.arange(len(p.ids), len(p.ids) + len(p.q_ids))
@@ -385,9 +385,9 @@ def kvtc_table(rows: list[dict]) -> str:
 @click.option("--seed", default=0, show_default=True)
 def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, write, rows_path,
          paired_with, seed):
-    from kvedge.common.models import DEFAULT_MODEL, load_model
-    from kvedge.common.rope import Rope
-    from kvedge.common.runtime import Runtime
+    from kvedge.common.model.models import DEFAULT_MODEL, load_model
+    from kvedge.common.model.rope import Rope
+    from kvedge.common.model.runtime import Runtime
 
     torch.manual_seed(seed)
     rng = random.Random(seed)

@@ -38,7 +38,7 @@ class QAItem:
 
 
 def _demo_kb() -> tuple[dict[str, str], list[dict]]:
-    from kvedge.cloud import demo
+    from kvedge.apps import demo
 
     folder = Path(demo.DEMO_KB)
     docs = {p.name: p.read_text() for p in sorted(folder.glob("*.md"))}

@@ -78,7 +78,7 @@ def answer_items(model_name: str, press_name: str, budget: float, items: list[di
         raise KVPressError(f"kvpress is not installed ({err}): pip install 'kvedge[kvpress]'")
     from transformers import DynamicCache
 
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
 
     loaded = load_model(model_name)
     model = loaded.model

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kvedge.common.pack.codecs import DEFAULT_CODEC
-from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2 as pb
 
 CHUNK = 1 << 20
 
@@ -143,7 +143,7 @@ def run_round(address: str, token: str, kb: str, questions: list[str], clients: 
     """`clients` threads, each its own channel, each asking the first `per_client` questions
     in turn from its own starting point: every round asks the same questions, so answer
     lengths match between rounds."""
-    from kvedge.common.edge_client import EdgeClient
+    from kvedge.common.net.edge_client import EdgeClient
 
     result, lock = Round(clients), threading.Lock()
     start_line = threading.Barrier(clients + 1)
@@ -194,7 +194,7 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     """One client the way the edge answered before batching, for reference: in this process,
     `EdgeEngine.retrieve` then `EdgeEngine.answer` (no scheduler, one token per forward) over
     the same synced KB and questions; TTFT from retrieval to the first piece."""
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.packcache import PackCache
     from kvedge.edge.strategies import DEFAULT_STRATEGY, get_strategy
@@ -228,10 +228,10 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
     unbatched path, `EdgeEngine.answer`) — where the throughput of a batch comes from."""
     import torch
 
-    from kvedge.common.batch import decode_step
-    from kvedge.common.generate import Decoding
-    from kvedge.common.models import load_model
-    from kvedge.common.runtime import Runtime
+    from kvedge.common.model.batch import decode_step
+    from kvedge.common.model.generate import Decoding
+    from kvedge.common.model.models import load_model
+    from kvedge.common.model.runtime import Runtime
 
     rt = Runtime(load_model(model))
     gen = torch.Generator().manual_seed(seed)
@@ -268,7 +268,7 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
     """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
     then (`unbatched`) the one-client reference round without the scheduler. In `work`
     (kept, and its synced KB reused by the next run) or a temporary folder."""
-    from kvedge.cloud.demo import free_port, start
+    from kvedge.apps.demo import free_port, start
     from kvedge.edge.sync import Target, manifest_path
 
     root = Path(work) / Path(model).name if work else Path(tempfile.mkdtemp(prefix="kvload-"))
@@ -299,9 +299,9 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
 
 def _rounds(edge, address, state, target, questions, clients, per_client, echo,
             **ask) -> list[Round]:
-    from kvedge.cloud.demo import wait_for
-    from kvedge.common.edge_client import EdgeClient
-    from kvedge.common.rpc import wait_healthy
+    from kvedge.apps.demo import wait_for
+    from kvedge.common.net.edge_client import EdgeClient
+    from kvedge.common.net.rpc import wait_healthy
 
     wait_for((state / "edge.token").exists, "the edge", [edge], 300)
     wait_healthy(address, 300)

@@ -49,7 +49,7 @@ def rank(scores: torch.Tensor, block: int) -> int:
 def main(questions, doc_tokens, model):
     from kvedge.bench.datasets import load_items
     from kvedge.bench.suites import Bench
-    from kvedge.common.runtime import LayerCapture
+    from kvedge.common.model.runtime import LayerCapture
     from kvedge.edge.strategies import get_strategy
     from kvedge.edge.strategies import samkv as S
     from kvedge.edge.strategies.base import assemble_cache

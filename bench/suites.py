@@ -320,7 +320,7 @@ class SharedContext:
 
 def copy_cache(cache, reserve: int, seq_len: int):
     """A dense cache's copy with room for `reserve` more tokens, at RoPE length `seq_len`."""
-    from kvedge.common.kvcache import DenseKV, Extent, KVCache
+    from kvedge.common.model.kvcache import DenseKV, Extent, KVCache
 
     layers = [DenseKV(group.keys, group.values, group.positions, reserve)  # copies
               for layer in cache for group in layer.heads()]

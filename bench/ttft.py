@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from kvedge.common.generate import GREEDY
+from kvedge.common.model.generate import GREEDY
 
 
 def _timed_observe(observe, spent: list[float]):

@@ -4,7 +4,7 @@ pack's bytes go (K/V codes, quantization scales, side tensors, container).
 
     python -m kvedge.bench.upload_cost int8+zstd int4+zstd "kvtc:bits=3,embed=false"
 
-Defaults: the bundled KB (cloud/demo_kb), 512-token segments (the gateway's default).
+Defaults: the bundled KB (apps/demo_kb), 512-token segments (the gateway's default).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
-DEMO_KB = Path(__file__).resolve().parents[1] / "cloud" / "demo_kb"
+DEMO_KB = Path(__file__).resolve().parents[1] / "apps" / "demo_kb"
 
 
 def pack_parts(data: bytes) -> Counter:

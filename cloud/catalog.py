@@ -2,8 +2,8 @@
 
 A KB's pack list changes in one transaction once every pack of a new ingest is stored, so a
 reader sees either the old complete KB or the new complete one, never a half-written one.
-Several processes may share the file (the gateway, and batch jobs run as Ray jobs: `python -m
-kvedge.cloud.jobs`): SQLite's locking keeps each transaction whole across them, which needs the
+Several processes may share the file (the gateway, and batch jobs run as Ray jobs: `kvctl job
+run`): SQLite's locking keeps each transaction whole across them, which needs the
 file on a local disk, not a network filesystem.
 """
 from __future__ import annotations

@@ -20,16 +20,16 @@ from kvedge.cloud.jobs import JobRunner
 from kvedge.cloud.jobs_service import JobsService
 from kvedge.cloud.staging import Staging
 from kvedge.cloud.store import PackStore
-from kvedge.common.auth import TokenStore, check_name, write_secret
+from kvedge.common.net.auth import TokenStore, check_name, write_secret
 from kvedge.common.errors import BadInput, NotFound
 from kvedge.common.kbfiles import check_count, check_path, check_size, decode_text
-from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.metrics import request_log
-from kvedge.common.rpc import CHUNK, principal, rpc_errors, serve_grpc
-from kvedge.common.tls import ServerTLS
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.metrics import request_log
+from kvedge.common.net.rpc import CHUNK, principal, rpc_errors, serve_grpc
+from kvedge.common.net.tls import ServerTLS
 
 log = logging.getLogger("kvedge.gateway")
 MIN_SEGMENT_TOKENS, MAX_SEGMENT_TOKENS = 16, 1 << 17  # a segment is cut to the model's context

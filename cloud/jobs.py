@@ -8,7 +8,7 @@ whose worker died; a context that still fails is reported with its error and its
 is not published (a half-compressed variant is never served).
 
 A job runs in the gateway (`kvctl job submit`) or as its own process on a Ray cluster
-(`ray job submit -- python -m kvedge.cloud.jobs --data DIR ...`, `main` below): both read and
+(`ray job submit -- kvctl job run --data DIR ...`, `run_job_here` below): both read and
 write the same store and catalog, so `kvctl job list` shows either, and `kvctl job cancel`
 stops either (through the catalog's cancel request). Each job records its owner, the process
 running it (`Owner`), so a gateway starting up can end the jobs whose process is gone — its
@@ -28,11 +28,8 @@ from pathlib import Path
 import click
 
 from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord, variant_name
-from kvedge.common.auth import InvalidName, check_variant
-from kvedge.common.cli import RegistryChoice
+from kvedge.common.net.auth import InvalidName, check_variant
 from kvedge.common.errors import BadInput, InvalidRequest, KvedgeError, ModelMismatch
-from kvedge.common.models import DEFAULT_MODEL
-from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 log = logging.getLogger("kvedge.jobs")
 
@@ -285,53 +282,13 @@ class JobRunner:
 # ---------------------------------------------------------------- a job as its own process
 
 
-def _methods():
-    from kvedge.cloud.eviction import METHODS
-
-    return METHODS
-
-
-@click.command("jobs")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
-              help="the gateway's data dir (its catalog) [default: $KVEDGE_HOME/cloud]")
-@click.option("--store", "store_url", default=None,
-              help="the gateway's pack store (fsspec URL) [default: <data>/store]")
-@click.option("--namespace", "-n", default="default", show_default=True)
-@click.option("--kb", "kbs", multiple=True, required=True, help="repeatable")
-@click.option("--method", required=True, type=RegistryChoice(_methods),
-              help="eviction method (none: re-encode only)")
-@click.option("--budget", type=float, default=1.0, show_default=True,
-              help="fraction of KV pairs kept")
-@click.option("--codec", default=DEFAULT_CODEC, show_default=True, help="e.g. int4+zstd")
-@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
-              help="the gateway's model (packs are bound to it)")
-@click.option("--ray-address", envvar="RAY_ADDRESS", default=None,
-              help="Ray cluster to run on [default: $RAY_ADDRESS, which `ray job submit` sets; "
-                   "else Ray starts in-process]")
-@click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
-@click.option("--cpus-per-actor", default=1, show_default=True)
-def main(data_dir, store_url, namespace, kbs, method, budget, codec, model_name, ray_address,
-         actors, cpus_per_actor):
-    """Run one batch compression job in this process, on the Ray cluster, against the gateway's
-    catalog and store; `kvctl job list` on that gateway shows its progress. Exit code 0 when
-    every context is compressed and published, 1 when it failed or was cancelled (SIGTERM,
-    `ray job stop` or `kvctl job cancel`)."""
-    try:
-        job = _run_job(data_dir, store_url, namespace, list(kbs), method, budget, codec,
-                       model_name, ray_address, actors, cpus_per_actor)
-    except KvedgeError as err:  # one clear line, exit code 2, as kvctl prints them
-        click.echo(f"error: {type(err).__name__}: {err}", err=True)
-        raise SystemExit(2) from None
-    raise SystemExit(0 if job.status == "done" else 1)
-
-
-def _run_job(data_dir, store_url, namespace, kbs, method, budget, codec, model_name,
+def run_job_here(data_dir, store_url, namespace, kbs, method, budget, codec, model_name,
              ray_address, actors, cpus_per_actor) -> JobRecord:
     import signal
 
     from kvedge.cloud.store import PackStore
     from kvedge.cloud.workers import PrefillPool, start_ray
-    from kvedge.common.auth import check_name
+    from kvedge.common.net.auth import check_name
     from kvedge.common.cli import home_path
 
     check_name("namespace", namespace)
@@ -375,6 +332,3 @@ def _follow(runner: JobRunner, catalog: Catalog, job: JobRecord) -> JobRecord:
                "compressing")
     return rec
 
-
-if __name__ == "__main__":
-    main()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
-from kvedge.common.auth import check_name
+from kvedge.common.net.auth import check_name
 from kvedge.common.pack.codecs import DEFAULT_CODEC
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.rpc import principal, rpc_errors
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.rpc import principal, rpc_errors
 
 
 def job_info(job) -> pb.JobInfo:

@@ -1,6 +1,6 @@
 """The gateway's metrics (docs/metrics.md), read from its state when scraped: pack bytes
 served, ingests running and their segments, batch jobs by state and their contexts (jobs run
-by `python -m kvedge.cloud.jobs` on the same catalog count too)."""
+by `kvctl job run` on the same catalog count too)."""
 from __future__ import annotations
 
 from collections import Counter

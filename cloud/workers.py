@@ -30,7 +30,7 @@ QUERY_CACHE_TOKENS = 128
 
 def chat_prefix_ids(tokenizer) -> list[int]:
     """The tokens the edge puts before the segments (`EdgeEngine.prefix_ids`)."""
-    from kvedge.common.tokenizer import chat_turn
+    from kvedge.common.model.tokenizer import chat_turn
 
     return chat_turn(tokenizer)[0]
 
@@ -67,8 +67,8 @@ class PrefillEngine:
     """Holds one model; tokenizes and segments KBs, prefills segments into packs."""
 
     def __init__(self, model_name: str, threads: int | None = None):
-        from kvedge.common.models import load_model
-        from kvedge.common.runtime import Runtime
+        from kvedge.common.model.models import load_model
+        from kvedge.common.model.runtime import Runtime
 
         if threads:  # Ray sets OMP_NUM_THREADS=1 in workers; use the CPUs the actor was given
             torch.set_num_threads(threads)
@@ -124,7 +124,7 @@ class PrefillEngine:
         (H, T, D): prefilled from position 0, or at positions P..P+T-1 over the anchor's KV
         (P anchor tokens), which is the joint prefill of [anchor + segment] without
         recomputing the anchor each time."""
-        from kvedge.common.runtime import LayerCapture
+        from kvedge.common.model.runtime import LayerCapture
 
         ids = torch.tensor(token_ids)
         if not anchored:

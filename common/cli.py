@@ -22,7 +22,7 @@ EDGE_ADDRESS = "127.0.0.1:50052"
 
 
 def home_path(*parts):
-    from kvedge.common.models import kvedge_home
+    from kvedge.common.model.models import kvedge_home
 
     return kvedge_home().joinpath(*parts)
 

@@ -102,7 +102,7 @@ def _load(section: str, ctx: click.Context, param: click.Parameter, value: str |
 
 
 def default_path() -> Path:
-    from kvedge.common.models import kvedge_home
+    from kvedge.common.model.models import kvedge_home
 
     return kvedge_home() / "config.toml"
 

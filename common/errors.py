@@ -3,7 +3,7 @@
 Every error both tiers raise on purpose lives in `kvedge.common` (here, or beside its concept:
 `auth`, `pack.errors`), so either side of an RPC can raise it and re-raise it by name. Each
 class carries the gRPC status it travels as (`status`, a `grpc.StatusCode` name: this module
-stays free of grpc); `kvedge.common.rpc` builds both directions of its table from the
+stays free of grpc); `kvedge.common.net.rpc` builds both directions of its table from the
 subclasses of `KvedgeError`, so a new error needs no other registration.
 """
 

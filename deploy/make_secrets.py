@@ -6,7 +6,7 @@ writes ca.pem/ca.key (kept if present, so clients keep trusting it) and <service
 each service, naming the service (its compose DNS name), localhost, 127.0.0.1 and ::1 (the
 container's own health check) and every --host (how clients outside reach it). Keys are 0600
 and owned by whoever runs this: build the images with KVEDGE_UID=$(id -u) so the containers'
-user can read them. Needs kvedge installed (it uses kvedge.common.tls).
+user can read them. Needs kvedge installed (it uses kvedge.common.net.tls).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from kvedge.common.fsutil import write_atomic
-from kvedge.common.tls import LOOPBACK_HOSTS, issue, new_ca
+from kvedge.common.net.tls import LOOPBACK_HOSTS, issue, new_ca
 
 
 def make(out: Path, services: list[str], hosts: list[str]) -> None:

@@ -8,8 +8,8 @@ import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, RegistryChoice
 from kvedge.common.config import configurable
-from kvedge.common.models import DEFAULT_MODEL
-from kvedge.common.tls import ca_option, server_options
+from kvedge.common.model.models import DEFAULT_MODEL
+from kvedge.common.net.tls import ca_option, server_options
 from kvedge.edge import DEFAULT_STRATEGY
 
 
@@ -34,10 +34,10 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
     """Answer one chat prompt locally with the runtime, streaming tokens."""
     import torch
 
-    from kvedge.common.generate import Sampler, generate
-    from kvedge.common.models import load_model
-    from kvedge.common.runtime import Runtime
-    from kvedge.common.textstream import TextStream
+    from kvedge.common.model.generate import Sampler, generate
+    from kvedge.common.model.models import load_model
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.model.textstream import TextStream
 
     loaded = load_model(model_name)
     tok, rt = loaded.tokenizer, Runtime(loaded)
@@ -101,11 +101,11 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     from pathlib import Path
 
     from kvedge.common.cli import home_path
-    from kvedge.common.cloud_client import CloudClient
-    from kvedge.common.metrics import MetricsServer, daemon_registry
-    from kvedge.common.models import load_model
-    from kvedge.common.rpc import StopSignal, read_token, run_until_signal
-    from kvedge.common.tls import check_listen, client_tls, describe, server_tls
+    from kvedge.common.net.cloud_client import CloudClient
+    from kvedge.common.net.metrics import MetricsServer, daemon_registry
+    from kvedge.common.model.models import load_model
+    from kvedge.common.net.rpc import StopSignal, read_token, run_until_signal
+    from kvedge.common.net.tls import check_listen, client_tls, describe, server_tls
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.metrics import EdgeMetrics
     from kvedge.edge.packcache import PackCache
@@ -165,3 +165,7 @@ def strategies_cmd():
         click.echo(f"{name:12s} {doc}")
         for line in describe(cls):
             click.echo(f"{'':14s}{line}")
+
+
+if __name__ == "__main__":  # `python -m kvedge.edge.cli`, as the demo starts its edge
+    main()

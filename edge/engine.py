@@ -15,9 +15,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
-from kvedge.common.generate import GREEDY, Decoding, Sampler
+from kvedge.common.model.generate import GREEDY, Decoding, Sampler
 from kvedge.common.pack.errors import PackCorrupt
-from kvedge.common.tokenizer import chat_turn
+from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.strategies import DEFAULT_STRATEGY, Composed, get_strategy
@@ -63,12 +63,12 @@ class EdgeEngine:
     """Answers questions about synced KBs. `ask` (the services) goes through the scheduler:
     concurrent asks share decode steps, up to `max_batch` at once and `max_queue` waiting,
     and with `batch_invariant` an answer is the same whatever shares its steps
-    (kvedge.common.batch.ROW_MULTIPLE); `answer` (the benchmark) runs one composed prompt
+    (kvedge.common.model.batch.ROW_MULTIPLE); `answer` (the benchmark) runs one composed prompt
     alone on the caller's thread."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  max_batch: int = 16, max_queue: int = 64, batch_invariant: bool = True):
-        from kvedge.common.runtime import Runtime
+        from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.rt = Runtime(loaded)
@@ -112,7 +112,7 @@ class EdgeEngine:
         string (left out of the answer) or `max_new_tokens`; yield answer pieces, then a dict
         of what it cost (times are relative to the call; plan building counts toward the
         first token)."""
-        from kvedge.common.generate import generate
+        from kvedge.common.model.generate import generate
 
         start = time.perf_counter()
         plan = strategy.plan(self.rt, composed, reserve=max_new_tokens)
@@ -214,7 +214,7 @@ class _Transcript:
     text) ends it; each token's arrival is timed."""
 
     def __init__(self, tok, stop: Sequence[str]):
-        from kvedge.common.textstream import StopText, TextStream
+        from kvedge.common.model.textstream import StopText, TextStream
 
         self.stream, self.stops, self.eos = TextStream(tok), StopText(stop), tok.eos_token_id
         self.times: list[float] = []
@@ -233,7 +233,7 @@ class _Transcript:
 
     def costs(self, start: float, plan, composed: Composed) -> dict:
         """What the answer cost; times relative to `start`."""
-        from kvedge.common.kvcache import cache_nbytes
+        from kvedge.common.model.kvcache import cache_nbytes
         from kvedge.edge.strategies.base import sequence_ratio
 
         times = self.times

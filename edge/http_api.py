@@ -40,11 +40,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from kvedge.common.auth import Principal, TokenStore
+from kvedge.common.net.auth import Principal, TokenStore
 from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, NotFound
-from kvedge.common.generate import Sampler
+from kvedge.common.model.generate import Sampler
 from kvedge.edge import DEFAULT_STRATEGY
-from kvedge.common.metrics import RequestLog, RequestLogMiddleware, request_log
+from kvedge.common.net.metrics import RequestLog, RequestLogMiddleware, request_log
 from kvedge.edge.engine import MAX_NEW_TOKENS, MAX_TOP_K, AskResult, EdgeEngine
 from kvedge.edge.metrics import EdgeMetrics
 from kvedge.edge.strategies import UnknownStrategy

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from kvedge.common.kvcache import Extent, KVCache, LayerKV
+from kvedge.common.model.kvcache import Extent, KVCache, LayerKV
 from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.realign import (ContextSource, DenseSource, RopeTable, RowSource,
                                         realign_layer)

@@ -11,7 +11,7 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from kvedge.common.metrics import RequestLog, RequestMetrics
+from kvedge.common.net.metrics import RequestLog, RequestMetrics
 from kvedge.edge.engine import AskResult
 
 TTFT_BUCKETS = (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)

@@ -3,7 +3,7 @@
 Orca-style iteration-level scheduling (Yu et al., OSDI 2022): between two decode steps the
 scheduler drops what is cancelled or past its deadline, starts the waiting requests the batch
 has room for (at most `max_starts`), then runs one batched decode step
-(`kvedge.common.batch.decode_step`) for every running one.
+(`kvedge.common.model.batch.decode_step`) for every running one.
 
 Starting a request — its strategy's plan and the forward over the prompt, up to its first
 token — runs alone: those forwards already have hundreds of rows (compute-bound on a CPU, so
@@ -36,7 +36,7 @@ class Job:
     means; the base class is the plumbing between the scheduler thread and the caller's:
 
     - `start(rt)`, on the scheduler thread: plan and run the prompt; returns the
-      `kvedge.common.generate.Decoding` holding the first token;
+      `kvedge.common.model.generate.Decoding` holding the first token;
     - `on_token(token)`, on the scheduler thread, for every token in order: `put` what the
       caller should see; True when the answer is complete (a stop token or string);
     - `finish()`, on the scheduler thread, once, when it is complete or out of tokens.
@@ -209,7 +209,7 @@ class Scheduler:
             self._starting = None
 
     def _step(self) -> None:
-        from kvedge.common.batch import ROW_MULTIPLE, decode_step
+        from kvedge.common.model.batch import ROW_MULTIPLE, decode_step
 
         jobs = list(self._running)
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)

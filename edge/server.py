@@ -6,14 +6,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from kvedge.common.auth import TokenStore, check_name, write_secret
+from kvedge.common.net.auth import TokenStore, check_name, write_secret
 from kvedge.common.errors import Cancelled, DeadlineExceeded
-from kvedge.common.generate import Sampler
-from kvedge.common.metrics import request_log
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import principal, rpc_errors, serve_grpc
-from kvedge.common.tls import ServerTLS
+from kvedge.common.model.generate import Sampler
+from kvedge.common.net.metrics import request_log
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.rpc import principal, rpc_errors, serve_grpc
+from kvedge.common.net.tls import ServerTLS
 from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.edge.engine import AskResult, EdgeEngine
 from kvedge.edge.metrics import EdgeMetrics

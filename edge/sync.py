@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvedge.common.auth import check_name, check_variant
+from kvedge.common.net.auth import check_name, check_variant
 from kvedge.common.fsutil import mapped, write_json_atomic
 from kvedge.common.pack.container import read_manifest
 

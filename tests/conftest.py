@@ -16,20 +16,20 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
 
     return load_model("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
 def smollm2_rt(smollm2):
-    from kvedge.common.runtime import Runtime
+    from kvedge.common.model.runtime import Runtime
 
     return Runtime(smollm2)
 
 
 def tiny_runtime(name):
-    from kvedge.common.models import load_model
-    from kvedge.common.runtime import Runtime
+    from kvedge.common.model.models import load_model
+    from kvedge.common.model.runtime import Runtime
 
     return Runtime(load_model(name))

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvedge.cloud.demo import free_port
-from kvedge.common.rpc import wait_healthy
+from kvedge.apps.demo import free_port
+from kvedge.common.net.rpc import wait_healthy
 
 
 class Daemon:
@@ -78,7 +78,7 @@ class GatewayProcess(Daemon):
 
     def __init__(self, data: Path, model: str, ray_address: str, *extra: str):
         self.data, self.address = Path(data), f"127.0.0.1:{free_port()}"
-        super().__init__("kvedge.cloud.cli:kvctl", [
+        super().__init__("kvedge.apps.kvctl:kvctl", [
             "cloud", "up", "--data", str(data), "--address", self.address, "--model", model,
             "--ray-address", ray_address, "--actors", "1", "--cpus-per-actor", "1", *extra],
             Path(f"{data}.log"))

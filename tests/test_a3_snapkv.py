@@ -4,8 +4,8 @@ import torch
 
 from conftest import tiny_runtime
 from kvedge.common.errors import InvalidOption
-from kvedge.common.generate import generate
-from kvedge.common.kvcache import cache_nbytes
+from kvedge.common.model.generate import generate
+from kvedge.common.model.kvcache import cache_nbytes
 from kvedge.edge.strategies import get_strategy
 from test_strategies import composed_prompt, interleaved_prompt
 
@@ -77,7 +77,7 @@ def test_kept_rows_are_the_questions_snapkv_votes():
     attention at that layer (summed over its query heads), max-pooled over 7 neighbours."""
     import torch.nn.functional as F
 
-    from kvedge.common.attention import attention_probs
+    from kvedge.common.model.attention import attention_probs
 
     rt = tiny_runtime("tiny-llama")
     composed = composed_prompt(rt, seed=7)
@@ -135,7 +135,7 @@ def test_bad_capacities_are_named_errors():
 def test_the_engines_answer_reports_the_evicted_kv_bytes():
     """Through `EdgeEngine.answer` (the benchmark's path): the final costs' kv_bytes is the
     evicted cache's, well below a3's without eviction, and sequence_ratio follows it."""
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
     from kvedge.edge.engine import EdgeEngine
 
     engine = EdgeEngine(load_model("tiny-llama"))

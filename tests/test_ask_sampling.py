@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from kvedge.bench.load import sync_local_kb
-from kvedge.cloud.cli import kvctl
-from kvedge.common.edge_client import EdgeClient
+from kvedge.apps.kvctl import kvctl
+from kvedge.common.net.edge_client import EdgeClient
 from kvedge.common.errors import InvalidRequest
-from kvedge.common.models import load_model
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.rpc import metadata
+from kvedge.common.model.models import load_model
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.rpc import metadata
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.server import serve

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from kvedge.common.auth import (ALL, InvalidName, PermissionDenied, Principal, TokenStore,
+from kvedge.common.net.auth import (ALL, InvalidName, PermissionDenied, Principal, TokenStore,
                                 Unauthenticated, bearer, check_name, write_secret)
 from kvedge.common.errors import InvalidRequest, KvedgeError
 

@@ -1,4 +1,4 @@
-"""Continuous batching (edge/scheduler.py, common/batch.py): answers batched equal answers asked
+"""Continuous batching (edge/scheduler.py, common/model/batch.py): answers batched equal answers asked
 one at a time, token for token; the bounded queue, deadlines and cancellation, over real gRPC
 on loopback. A tiny random model keeps it fast: answers are noise, compared exactly.
 
@@ -15,13 +15,13 @@ import torch
 from conftest import TINY, tiny_runtime
 from kvedge.bench.load import sync_local_kb
 from kvedge.cloud.workers import PrefillEngine
-from kvedge.common.batch import decode_logits, decode_step
+from kvedge.common.model.batch import decode_logits, decode_step
 from kvedge.common.errors import CacheError, Cancelled, DeadlineExceeded
-from kvedge.common.generate import Decoding, Sampler
-from kvedge.common.models import load_model
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import channel, metadata
+from kvedge.common.model.generate import Decoding, Sampler
+from kvedge.common.model.models import load_model
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.rpc import channel, metadata
 from kvedge.edge.engine import AskResult, EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.scheduler import Job

@@ -56,7 +56,7 @@ def test_scores_follow_the_questions_metric():
 
 def test_generated_tasks_feed_both_suites(tmp_path):
     from kvedge.bench.datasets import generated_items
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
 
     tok = load_model("tiny-llama").tokenizer
     reuse = generated_items("multidoc_qa", "reuse", 600, 2, seed=0, tokenizer=tok)

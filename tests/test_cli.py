@@ -2,7 +2,7 @@
 import pytest
 from click.testing import CliRunner
 
-from kvedge.cloud.cli import kvctl
+from kvedge.apps.kvctl import kvctl
 from kvedge.edge.cli import main as kvedge_main
 
 
@@ -37,7 +37,7 @@ def test_kvedge_generate_streams_text():
 
 def test_json_output_is_snake_case_with_int64_as_numbers():
     from kvedge.common.cli import proto_dict
-    from kvedge.common.proto import kvedge_pb2 as pb
+    from kvedge.common.net.proto import kvedge_pb2 as pb
 
     info = pb.KBInfo(namespace="ns", kb="kb", n_tokens=2**40, segments=[
         pb.SegmentInfo(index=1, pack_id="ab", pack_bytes=123, fp16_bytes=456)])
@@ -71,7 +71,7 @@ def test_the_command_lines_start_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys, kvedge.cloud.cli, kvedge.edge.cli; "
+    code = ("import sys, kvedge.apps.kvctl, kvedge.edge.cli; "
             "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)

@@ -13,21 +13,21 @@ import torch
 from click.testing import CliRunner
 
 from kvedge.common.errors import NotFound
-from kvedge.common.cloud_client import CloudClient
+from kvedge.common.net.cloud_client import CloudClient
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.common.errors import BadInput
 from kvedge.cloud.workers import start_ray
-from kvedge.common.auth import InvalidName, PermissionDenied, TokenStore, Unauthenticated
+from kvedge.common.net.auth import InvalidName, PermissionDenied, TokenStore, Unauthenticated
 from kvedge.common.errors import ModelMismatch
-from kvedge.common.models import load_model
+from kvedge.common.model.models import load_model
 from kvedge.common.pack.errors import PackCorrupt
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.rpc import metadata
-from kvedge.common.edge_client import EdgeClient
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.rpc import metadata
+from kvedge.common.net.edge_client import EdgeClient
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.server import serve as serve_edge
-from kvedge.cloud.cli import kvctl
+from kvedge.apps.kvctl import kvctl
 from kvedge.common.errors import InvalidOption, InvalidRequest, RequestTooLarge
 from kvedge.common.registry import option
 from kvedge.edge.strategies import STRATEGIES, Plan, ReuseStrategy, UnknownStrategy, assemble_cache

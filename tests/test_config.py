@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from kvedge.cloud.cli import kvctl
+from kvedge.apps.kvctl import kvctl
 from kvedge.cloud.cli.gateway import cloud_up
 from kvedge.common.config import ConfigError, configurable, daemons, effective
 from kvedge.edge.cli import main as kvedge_main

@@ -3,7 +3,7 @@ the gateway), a small KB, asked with recompute and with the edge's default strat
 import json
 from pathlib import Path
 
-from kvedge.cloud.demo import run_demo
+from kvedge.apps.demo import run_demo
 from kvedge.edge import DEFAULT_STRATEGY
 
 

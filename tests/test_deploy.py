@@ -1,5 +1,5 @@
 """deploy/ against the code: every manifest parses, and every `kvctl`, `kvedge` and
-`python -m kvedge.cloud.jobs` command line in it (and in deploy/README.md) parses with the real
+`kvctl job run` command line in it (and in deploy/README.md) parses with the real
 click commands; ports, health addresses and Services match what the daemons listen on; every
 network listener has TLS or --insecure; what a manifest references (files to COPY, volumes,
 secrets, claims, services) exists. No image is built and nothing is pulled.
@@ -73,11 +73,10 @@ def host_of(address: str) -> str:
 
 
 def programs() -> dict[str, click.Command]:
-    from kvedge.cloud.cli import kvctl
-    from kvedge.cloud.jobs import main as jobs
+    from kvedge.apps.kvctl import kvctl
     from kvedge.edge.cli import main as kvedge
 
-    return {"kvctl": kvctl, "kvedge": kvedge, "-m kvedge.cloud.jobs": jobs}
+    return {"kvctl": kvctl, "kvedge": kvedge}
 
 
 @contextmanager
@@ -94,12 +93,8 @@ def environment(env: dict[str, str]):
 def parse(argv: list[str], env: dict[str, str] | None = None) -> Parsed:
     """Resolve argv (from the program on) through the click tree and parse its options, as the
     command would at run time with `env` set; fails on an unknown command, flag or value."""
-    if Path(argv[0]).name.startswith("python"):
-        assert argv[1:3] == ["-m", "kvedge.cloud.jobs"], argv
-        cmd, words, rest = programs()["-m kvedge.cloud.jobs"], [" ".join(argv[:3])], argv[3:]
-    else:
-        prog = Path(argv[0]).name
-        cmd, words, rest = programs()[prog], [prog], argv[1:]
+    prog = Path(argv[0]).name
+    cmd, words, rest = programs()[prog], [prog], argv[1:]
     while isinstance(cmd, click.Group) and rest[:1] != ["--help"]:
         assert rest and rest[0] in cmd.commands, f"`{' '.join(words)}` has no command {rest[:1]}"
         cmd, words, rest = cmd.commands[rest[0]], [*words, rest[0]], rest[1:]
@@ -123,10 +118,8 @@ def shell_commands(script: str) -> list[list[str]]:
     lex.whitespace_split = True
     tokens, found = list(lex), []
     for i, tok in enumerate(tokens):
-        jobs = tok.startswith("python") and tokens[i + 1:i + 3] == ["-m", "kvedge.cloud.jobs"]
-        cli = Path(tok).name in ("kvctl", "kvedge") and (
-            i == 0 or tokens[i - 1] in LAUNCHERS | OPERATORS)
-        if jobs or cli:
+        if Path(tok).name in ("kvctl", "kvedge") and (
+                i == 0 or tokens[i - 1] in LAUNCHERS | OPERATORS):
             end = next((j for j in range(i, len(tokens)) if tokens[j] in OPERATORS), len(tokens))
             found.append(tokens[i:end])
     return found
@@ -139,7 +132,7 @@ def interpolate(text: str) -> str:
 
 def check_tls(parsed: Parsed, *params: str) -> None:
     """A network listener has TLS material or --insecure (what the daemon enforces)."""
-    from kvedge.common.tls import ServerTLS, check_listen
+    from kvedge.common.net.tls import ServerTLS, check_listen
 
     p = parsed.params
     tls = ServerTLS(Path(p["tls_cert"]), Path(p["tls_key"])) if p.get("tls_cert") else \
@@ -232,7 +225,7 @@ def test_dockerfile_builds_from_repo_files_and_runs_real_commands(name):
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())
     copied = {src for k, a in steps if k == "COPY" for src in shlex.split(a)[:-1]}
-    assert folders | {"pyproject.toml", pyproject["project"]["readme"]} <= copied
+    assert folders | {"pyproject.toml", "setup.py", pyproject["project"]["readme"]} <= copied
     runs = " ".join(a for k, a in steps if k == "RUN")
     assert "torch==2.13.0" in runs and "torch==2.13.0" in (ROOT / "scripts/setup.sh").read_text()
     assert runs.index("torch==2.13.0") < runs.index("pip install .")  # torch first
@@ -408,7 +401,7 @@ def test_rayjob_runs_the_job_entry_point_on_the_gateways_data():
     assert job["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
     (argv,) = shell_commands(job["entrypoint"])
     run = parse(argv)
-    assert run.name == "python -m kvedge.cloud.jobs"
+    assert run.name == "kvctl job run"
     assert run.params["data_dir"] == gw.params["data_dir"]  # the gateway's catalog and store
     assert run.params["model_name"] == gw.params["model_name"]
     check_spec(run.params["method"], run.params["budget"], run.params["codec"])
@@ -524,13 +517,13 @@ def test_readme_names_every_file_and_its_commands_parse():
     found = [argv for block in blocks for line in block.replace("\\\n", " ").splitlines()
              for argv in shell_commands(line)]
     names = {parse(argv).name for argv in found}
-    assert {"kvctl upload", "kvctl ask", "kvctl token", "python -m kvedge.cloud.jobs"} <= names
+    assert {"kvctl upload", "kvctl ask", "kvctl token", "kvctl job run"} <= names
 
 
 def test_health_command_checks_a_tls_daemon(tmp_path, monkeypatch):
-    from kvedge.cloud.cli import kvctl
-    from kvedge.common.rpc import serve_grpc
-    from kvedge.common.tls import ServerTLS
+    from kvedge.apps.kvctl import kvctl
+    from kvedge.common.net.rpc import serve_grpc
+    from kvedge.common.net.tls import ServerTLS
 
     make_secrets(tmp_path)
     tls = ServerTLS(tmp_path / "gateway.pem", tmp_path / "gateway.key")
@@ -552,7 +545,7 @@ def test_health_command_checks_a_tls_daemon(tmp_path, monkeypatch):
 
 def test_token_file_is_read_from_the_environment(tmp_path, monkeypatch):
     from kvedge.common.errors import InvalidRequest
-    from kvedge.common.rpc import read_token
+    from kvedge.common.net.rpc import read_token
 
     (tmp_path / "edge.token").write_text("kve_secret\n")
     monkeypatch.setenv("KVEDGE_TOKEN_FILE", str(tmp_path / "edge.token"))

@@ -7,8 +7,8 @@ from kvedge.cloud.eviction import METHODS, UnknownMethod, evict_context, get_met
 from kvedge.cloud.eviction import scoring
 from kvedge.cloud.eviction.contrastkv import fuse, head_fusion, noise_sequence
 from kvedge.common.errors import InvalidRequest
-from kvedge.common.generate import generate
-from kvedge.common.kvcache import cache_nbytes
+from kvedge.common.model.generate import generate
+from kvedge.common.model.kvcache import cache_nbytes
 from kvedge.common.pack.context import KVContext
 from kvedge.edge.strategies import Composed, get_strategy
 

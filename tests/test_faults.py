@@ -32,16 +32,16 @@ import torch
 from daemons import EdgeProcess, GatewayProcess
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import PrefillEngine, start_ray
-from kvedge.common.cloud_client import CloudClient
-from kvedge.common.edge_client import EdgeClient
+from kvedge.common.net.cloud_client import CloudClient
+from kvedge.common.net.edge_client import EdgeClient
 from kvedge.common.errors import NotFound
-from kvedge.common.models import _tiny_config, build_random_model, load_model
+from kvedge.common.model.models import _tiny_config, build_random_model, load_model
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.pack.container import pack_id as content_id
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import open_pack
-from kvedge.common.rpc import CHUNK, RemoteError
-from kvedge.common.tokenizer import tiny_tokenizer
+from kvedge.common.net.rpc import CHUNK, RemoteError
+from kvedge.common.model.tokenizer import tiny_tokenizer
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.sync import Syncer, Target
 

@@ -24,18 +24,18 @@ from hypothesis import strategies as st
 from daemons import EdgeProcess, GatewayProcess
 from kvedge.cloud.eviction import METHODS
 from kvedge.cloud.workers import start_ray
-from kvedge.common.cloud_client import CloudClient
+from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.errors import KvedgeError
 from kvedge.common.kbfiles import MAX_FILE_BYTES
-from kvedge.common.models import load_model
+from kvedge.common.model.models import load_model
 from kvedge.common.pack.codecs import get_codec
 from kvedge.common.pack.codecs.kvtc import default_store
 from kvedge.common.pack.errors import ModelMismatch, PackCorrupt, PackError
 from kvedge.common.pack.format import read_pack
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.registry import options_of
-from kvedge.common.rpc import metadata, named_errors
+from kvedge.common.net.rpc import metadata, named_errors
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.strategies import STRATEGIES
 

@@ -25,7 +25,7 @@ JOB_PROCESS = """
 import sys, time
 from kvedge.cloud.catalog import Catalog, JobRecord
 from kvedge.cloud.jobs import JobRunner
-runner = JobRunner(Catalog(sys.argv[1]), store=None, pool=None)  # as python -m kvedge.cloud.jobs
+runner = JobRunner(Catalog(sys.argv[1]), store=None, pool=None)  # as kvctl job run
 runner.catalog.put_job(JobRecord("live", "ns", ["kb"], "none", 1.0, "int8", status="running",
                                  created=time.time(), owner=str(runner.owner)))
 print("running", flush=True)

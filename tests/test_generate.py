@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from conftest import TINY, tiny_runtime
-from kvedge.common.generate import Sampler, generate, greedy_answer
-from kvedge.common.verify import _decode_diff
+from kvedge.common.model.generate import Sampler, generate, greedy_answer
+from kvedge.common.model.verify import _decode_diff
 
 
 @pytest.mark.parametrize("name", TINY)

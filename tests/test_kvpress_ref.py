@@ -12,7 +12,7 @@ from kvedge.bench.suites import Bench
 def tiny_folder(tmp_path_factory):
     """tiny-llama saved as a Hugging Face folder with its tokenizer: KVzipPress reloads the
     tokenizer from the model's path, and the child process loads the model by that path."""
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
 
     folder = tmp_path_factory.mktemp("models") / "tiny-llama"
     loaded = load_model("tiny-llama")
@@ -67,7 +67,7 @@ def test_kvpress_full_is_greedy_decoding_of_the_ids_our_edge_composes(runner):
 
 def test_two_questions_on_one_compressed_cache_answer_as_if_alone(tiny_folder):
     """The second question must not see the first one's tokens (kvpress's answer removal)."""
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
 
     tok = load_model(tiny_folder).tokenizer
     context = tok("The harbour bell rings at noon and at dusk.")["input_ids"]
@@ -87,7 +87,7 @@ def test_presses_compress_once_and_answer_every_question(runner, press):
 def test_a_press_changes_what_the_model_sees(tiny_folder):
     """SnapKV keeping 10 % must change some greedy continuation of a random-weight model; a
     press that did nothing would pass every other test here."""
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
 
     tok = load_model(tiny_folder).tokenizer
     context = tok("".join(f"line {i}: the value of key {i} is {i * 7919 % 1000}.\n"

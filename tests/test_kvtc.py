@@ -145,9 +145,9 @@ def test_embedded_slice_is_checksummed(transform):
 
 
 def test_codec_for_model_calibrates_once(tmp_path, monkeypatch):
-    from kvedge.common.models import load_model
+    from kvedge.common.model.models import load_model
     from kvedge.common.pack.codecs import kvtc
-    from kvedge.common.runtime import Runtime
+    from kvedge.common.model.runtime import Runtime
 
     monkeypatch.setattr(kvtc, "CALIBRATION_TEXT", kvtc.CALIBRATION_TEXT[:600])  # test speed
     rt = Runtime(load_model("tiny-llama"))

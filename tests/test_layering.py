@@ -1,4 +1,6 @@
-"""Dependencies point down (DESIGN.md decision 7): kernels ← common ← cloud, edge ← bench.
+"""Dependencies point down (docs/design.md, decision 7): kernels ← common ← cloud, edge ← apps ←
+bench. `apps` holds the programs that drive both tiers (kvctl, the demos); the benchmark sits
+on top and plugs its commands into kvctl through an entry point.
 
 Every import in every module — at the top or inside a function — is parsed; importing a layer
 above, or the other tier (cloud ↔ edge), fails. A subprocess checks what starting the edge
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYER = {"kernels": 0, "common": 1, "cloud": 2, "edge": 2, "bench": 3}
+LAYER = {"kernels": 0, "common": 1, "cloud": 2, "edge": 2, "apps": 3, "bench": 4}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import tiny_runtime
-from kvedge.common.generate import generate
-from kvedge.common.kvcache import DenseKV, Extent, KVCache, RaggedKV
+from kvedge.common.model.generate import generate
+from kvedge.common.model.kvcache import DenseKV, Extent, KVCache, RaggedKV
 from kvedge.common.pack import DEFAULT_CODEC, KVContext, PackCorrupt, encode_pack, open_pack
 from kvedge.common.pack.container import open_container
 from kvedge.common.pack.segment import PackSegment

@@ -18,14 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import start_ray
-from kvedge.common.cloud_client import CloudClient
+from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.errors import InsecureListen, InvalidRequest
-from kvedge.common.metrics import MetricsServer, daemon_registry
-from kvedge.common.models import load_model
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import metadata
-from kvedge.common.tls import auto_server_tls
+from kvedge.common.net.metrics import MetricsServer, daemon_registry
+from kvedge.common.model.models import load_model
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.rpc import metadata
+from kvedge.common.net.tls import auto_server_tls
 from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.edge.cli import main as kvedge_cli
 from kvedge.edge.engine import EdgeEngine

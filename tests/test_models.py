@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import TINY
-from kvedge.common import models
+from kvedge.common.model import models
 from kvedge.common.errors import ModelNotInstalled, UnknownModel
-from kvedge.common.models import load_folder, load_model, model_fingerprint
+from kvedge.common.model.models import load_folder, load_model, model_fingerprint
 
 
 def test_unknown_name_is_a_named_error():

@@ -17,10 +17,10 @@ import pytest
 
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import start_ray
-from kvedge.common.auth import TokenStore
-from kvedge.common.cloud_client import CloudClient
-from kvedge.common.edge_client import EdgeClient
-from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.net.auth import TokenStore
+from kvedge.common.net.cloud_client import CloudClient
+from kvedge.common.net.edge_client import EdgeClient
+from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.edge import DEFAULT_STRATEGY
 
 MODEL = "tiny-llama"
@@ -243,8 +243,8 @@ def test_grpc_answers_beside_http_from_the_same_daemon(edge):
 
 def test_https_with_the_daemons_certificate(tmp_path):
     """--tls auto's certificate serves HTTPS too; a client that trusts its CA connects."""
-    from kvedge.common.models import load_model
-    from kvedge.common.tls import server_tls
+    from kvedge.common.model.models import load_model
+    from kvedge.common.net.tls import server_tls
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.http_api import serve_http
     from kvedge.edge.sync import Target

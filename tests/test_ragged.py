@@ -2,9 +2,9 @@
 import torch
 
 from conftest import tiny_runtime
-from kvedge.common.attention import gqa_attention
-from kvedge.common.generate import generate
-from kvedge.common.kvcache import DenseKV, RaggedKV, cache_nbytes
+from kvedge.common.model.attention import gqa_attention
+from kvedge.common.model.generate import generate
+from kvedge.common.model.kvcache import DenseKV, RaggedKV, cache_nbytes
 
 
 def per_head(res, keep):
@@ -91,7 +91,7 @@ def test_blind_query_gets_zero_not_nan():
 def test_causal_fast_path_equals_the_explicit_mask():
     """Queries that are exactly the keys take the fused kernel's causal mode; a gap in the
     positions (not 0..n-1) or a different query order must still mean position ≤ position."""
-    from kvedge.common import attention
+    from kvedge.common.model import attention
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(s, generator=g) for s in ((2, 3, 70, 8), (2, 70, 8), (2, 70, 8)))
@@ -114,7 +114,7 @@ def test_dense_cache_grows_and_keeps_contents():
 
 
 def test_truncate_forgets_a_turn_and_answers_again_identically():
-    from kvedge.common.kvcache import truncate_cache
+    from kvedge.common.model.kvcache import truncate_cache
 
     rt = tiny_runtime("tiny-qwen2")
     ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(5))

@@ -1,4 +1,4 @@
-"""Batch jobs the Ray way: `python -m kvedge.cloud.jobs` (what `ray job submit` runs) as its own
+"""Batch jobs the Ray way: `kvctl job run` (what `ray job submit` runs) as its own
 process, a driver joining the local Ray cluster this module starts, against a live gateway's
 data dir. Its progress shows through the gateway (`kvctl job list`, WatchJob); a cancel
 through the gateway or a SIGTERM (`ray job stop`) stops it with nothing half-published.
@@ -16,11 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvedge.cloud.catalog import Catalog, JobRecord
-from kvedge.cloud.cli import kvctl
+from kvedge.apps.kvctl import kvctl
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import start_ray
-from kvedge.common.cloud_client import CloudClient
-from kvedge.common.models import load_model
+from kvedge.common.net.cloud_client import CloudClient
+from kvedge.common.model.models import load_model
 from kvedge.common.pack.format import open_pack
 
 MODEL = "tiny-llama"
@@ -60,7 +60,7 @@ def upload(client, folder, name, docs):
 def start_job(cloud, *args) -> tuple[subprocess.Popen, str]:
     """Start the job process; returns it and the job id from its first line."""
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "kvedge.cloud.jobs", "--data", str(cloud["data"]),
+        [sys.executable, "-u", "-m", "kvedge.apps.kvctl", "job", "run", "--data", str(cloud["data"]),
          "--model", MODEL, "--ray-address", cloud["ray"], *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
@@ -154,7 +154,7 @@ def test_job_process_errors_are_one_line(cloud, tmp_path):
              (["--data", str(cloud["data"]), "--kb", "ghost", "--method", "none",
                "--ray-address", cloud["ray"], "--model", MODEL], "NotFound")]
     for args, message in cases:
-        proc = subprocess.run([sys.executable, "-m", "kvedge.cloud.jobs", *args],
+        proc = subprocess.run([sys.executable, "-m", "kvedge.apps.kvctl", "job", "run", *args],
                               capture_output=True, text=True, timeout=JOB_TIMEOUT)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr

@@ -5,7 +5,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from kvedge.common.errors import UnsupportedArchitecture
-from kvedge.common.rope import Rope
+from kvedge.common.model.rope import Rope
 
 BASE = dict(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=512)
 ROPES = {

@@ -4,11 +4,11 @@ import torch
 
 from conftest import TINY, tiny_runtime
 from kvedge.common.errors import ActiveSetError, CacheError
-from kvedge.common.generate import Sampler, generate
-from kvedge.common.kvcache import Extent, KVCache
+from kvedge.common.model.generate import Sampler, generate
+from kvedge.common.model.kvcache import Extent, KVCache
 from kvedge.common.pack.context import KVContext
-from kvedge.common.runtime import LayerCapture, Runtime
-from kvedge.common.verify import verify_runtime
+from kvedge.common.model.runtime import LayerCapture, Runtime
+from kvedge.common.model.verify import verify_runtime
 from kvedge.edge.strategies.base import Composed, assemble_cache
 
 TOL = 1e-4
@@ -156,7 +156,7 @@ def test_a_recomputed_token_a_head_evicted_attends_to_its_own_fresh_key():
 
 def scaled_runtime(rope_type):
     """A tiny Llama whose RoPE depends on the sequence length past 32 tokens."""
-    from kvedge.common.models import LoadedModel, _tiny_config, build_random_model
+    from kvedge.common.model.models import LoadedModel, _tiny_config, build_random_model
 
     params = {"dynamic": {"rope_type": "dynamic", "factor": 2.0},
               "longrope": {"rope_type": "longrope", "rope_theta": 10000.0,

@@ -284,8 +284,8 @@ def test_the_sparse_cache_is_dense_per_layer_and_answers_as_the_ragged_one(optio
     """SamKV's selection is per layer, shared by its KV heads: each layer of the final cache
     is one dense block of the kept rows (one attention call per layer in decoding), and the
     answer's logits are those over the same rows held head by head."""
-    from kvedge.common import kvcache
-    from kvedge.common.kvcache import DenseKV, RaggedKV
+    from kvedge.common.model import kvcache
+    from kvedge.common.model.kvcache import DenseKV, RaggedKV
     from kvedge.edge.strategies import samkv
 
     rt = tiny_runtime("tiny-llama")

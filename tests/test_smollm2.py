@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from kvedge.common.generate import greedy_answer
-from kvedge.common.verify import verify_runtime
+from kvedge.common.model.generate import greedy_answer
+from kvedge.common.model.verify import verify_runtime
 
 pytestmark = pytest.mark.smollm
 

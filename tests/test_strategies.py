@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import tiny_runtime
-from kvedge.common.generate import generate
-from kvedge.common.kvcache import cache_nbytes
+from kvedge.common.model.generate import generate
+from kvedge.common.model.kvcache import cache_nbytes
 from kvedge.common.pack.context import KVContext
 from kvedge.edge.strategies import STRATEGIES, Composed, get_strategy, UnknownStrategy
 from kvedge.edge.strategies.a3 import A3

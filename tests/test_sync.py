@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from kvedge.common.auth import InvalidName
+from kvedge.common.net.auth import InvalidName
 from kvedge.common.errors import NotFound
 from kvedge.common.pack import KVContext, PackCorrupt, encode_pack, pack_id
-from kvedge.common.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.sync import Syncer, Target, manifest_path
 

@@ -1,7 +1,7 @@
 """StopText: streamed text cut at the first stop string, no piece of one ever returned."""
 import pytest
 
-from kvedge.common.textstream import StopText
+from kvedge.common.model.textstream import StopText
 
 
 def run(pieces, stops):

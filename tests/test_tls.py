@@ -17,18 +17,18 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from kvedge.cloud.cli import kvctl
-from kvedge.cloud.demo import free_port
+from kvedge.apps.kvctl import kvctl
+from kvedge.apps.demo import free_port
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import start_ray
-from kvedge.common import tls
-from kvedge.common.auth import PermissionDenied, TokenStore, Unauthenticated
-from kvedge.common.cloud_client import CloudClient
-from kvedge.common.edge_client import EdgeClient
+from kvedge.common.net import tls
+from kvedge.common.net.auth import PermissionDenied, TokenStore, Unauthenticated
+from kvedge.common.net.cloud_client import CloudClient
+from kvedge.common.net.edge_client import EdgeClient
 from kvedge.common.errors import InsecureListen, TLSError
-from kvedge.common.models import load_model
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.rpc import metadata, raise_remote, serve_grpc, wait_healthy
+from kvedge.common.model.models import load_model
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.rpc import metadata, raise_remote, serve_grpc, wait_healthy
 from kvedge.edge.cli import main as kvedge_cli
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
@@ -350,7 +350,7 @@ def test_gateway_stops_cleanly_on_sigterm(cloud, tmp_path):
     import ray
 
     address, data, log = f"127.0.0.1:{free_port()}", tmp_path / "cloud", tmp_path / "cloud.log"
-    proc = _start("kvedge.cloud.cli:kvctl", [
+    proc = _start("kvedge.apps.kvctl:kvctl", [
         "cloud", "up", "--data", str(data), "--address", address, "--model", MODEL,
         "--tls", "auto", "--ray-address", ray.get_runtime_context().gcs_address], log)
     try:

@@ -11,12 +11,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kvedge.cloud.cli import kvctl
+from kvedge.apps.kvctl import kvctl
 from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.cloud.workers import PrefillEngine
-from kvedge.common.auth import PermissionDenied, Unauthenticated
-from kvedge.common.cloud_client import CloudClient
-from kvedge.common.edge_client import EdgeClient
+from kvedge.common.net.auth import PermissionDenied, Unauthenticated
+from kvedge.common.net.cloud_client import CloudClient
+from kvedge.common.net.edge_client import EdgeClient
 from kvedge.common.errors import NotFound
 from kvedge.common.pack.codecs import get_codec, kvtc
 from kvedge.common.pack.codecs.kvtc import (TransformStore, default_store, fit_transform,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, home_path
-from kvedge.common.tls import ca_option
+from kvedge.common.net.tls import ca_option
 
 CLOUD_OPTIONS = [
     click.option("--cloud", "address", default=CLOUD_ADDRESS, show_default=True,
@@ -23,9 +23,9 @@ def with_cloud(fn):
 
 
 def cloud_client(address: str, token: str | None, tls_ca: str | None = None):
-    from kvedge.common.cloud_client import CloudClient
-    from kvedge.common.rpc import read_token
-    from kvedge.common.tls import client_tls
+    from kvedge.common.net.cloud_client import CloudClient
+    from kvedge.common.net.rpc import read_token
+    from kvedge.common.net.tls import client_tls
 
     return CloudClient(address, read_token(token, home_path("cloud", "admin.token")),
                        client_tls(tls_ca))

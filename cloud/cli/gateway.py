@@ -5,9 +5,9 @@ import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, home_path
 from kvedge.common.config import configurable
-from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
-from kvedge.common.tls import server_options
+from kvedge.common.net.tls import server_options
 
 
 @click.group("cloud")
@@ -47,9 +47,9 @@ def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_toke
 
     from kvedge.cloud.gateway import GatewayConfig, serve
     from kvedge.cloud.workers import start_ray
-    from kvedge.common.metrics import MetricsServer, daemon_registry
-    from kvedge.common.rpc import StopSignal, run_until_signal
-    from kvedge.common.tls import check_listen, describe, server_tls
+    from kvedge.common.net.metrics import MetricsServer, daemon_registry
+    from kvedge.common.net.rpc import StopSignal, run_until_signal
+    from kvedge.common.net.tls import check_listen, describe, server_tls
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cpus = cpus_per_actor or max(1, (os.cpu_count() or 1) // actors)
@@ -88,8 +88,8 @@ def client_cert(name, data_dir, out):
     <data>/tls/ca.pem`; the edge passes it as --cloud-tls-cert/--cloud-tls-key)."""
     from pathlib import Path
 
-    from kvedge.common.auth import check_name
-    from kvedge.common.tls import issue_client
+    from kvedge.common.net.auth import check_name
+    from kvedge.common.net.tls import issue_client
 
     root = Path(data_dir) if data_dir else home_path("cloud")
     cert, key = issue_client(root / "tls", check_name("client", name), out)
@@ -105,7 +105,7 @@ def token_cmd(data_dir, namespaces, name):
     """Issue an access token for some namespaces (printed once; only its hash is stored)."""
     from pathlib import Path
 
-    from kvedge.common.auth import TokenStore
+    from kvedge.common.net.auth import TokenStore
 
     root = Path(data_dir) if data_dir else home_path("cloud")
     click.echo(TokenStore(root / "tokens.json").issue(name, list(namespaces)))

@@ -8,7 +8,7 @@ import sys
 import click
 
 from kvedge.common.cli import CLOUD_ADDRESS
-from kvedge.common.tls import ca_option
+from kvedge.common.net.tls import ca_option
 
 
 @click.command("health")
@@ -20,8 +20,8 @@ from kvedge.common.tls import ca_option
 def health_cmd(address, timeout, tls_ca):
     """Check that the daemon at ADDRESS is serving (exit 0) or not (exit 1)."""
     from kvedge.common.errors import KvedgeError
-    from kvedge.common.rpc import wait_healthy
-    from kvedge.common.tls import client_tls
+    from kvedge.common.net.rpc import wait_healthy
+    from kvedge.common.net.tls import client_tls
 
     try:
         wait_healthy(address, timeout, client_tls(tls_ca))

@@ -7,6 +7,7 @@ import click
 
 from kvedge.cloud.cli.connect import cloud_client, with_cloud
 from kvedge.common.cli import RegistryChoice, echo_json, echo_messages, proto_dict
+from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 
@@ -95,6 +96,39 @@ def job_list(address, token, tls_ca, namespace, as_json):
 def job_cancel(job_id, address, token, tls_ca, namespace):
     with cloud_client(address, token, tls_ca) as cloud:
         _print_job(cloud.cancel_job(namespace, job_id))
+
+
+@job_group.command("run")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="the gateway's data dir (its catalog) [default: $KVEDGE_HOME/cloud]")
+@click.option("--store", "store_url", default=None,
+              help="the gateway's pack store (fsspec URL) [default: <data>/store]")
+@click.option("--namespace", "-n", default="default", show_default=True)
+@click.option("--kb", "kbs", multiple=True, required=True, help="repeatable")
+@click.option("--method", required=True, type=RegistryChoice(_methods),
+              help="eviction method (none: re-encode only)")
+@click.option("--budget", type=float, default=1.0, show_default=True,
+              help="fraction of KV pairs kept")
+@click.option("--codec", default=DEFAULT_CODEC, show_default=True, help="e.g. int4+zstd")
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
+              help="the gateway's model (packs are bound to it)")
+@click.option("--ray-address", envvar="RAY_ADDRESS", default=None,
+              help="Ray cluster to run on [default: $RAY_ADDRESS, which `ray job submit` sets; "
+                   "else Ray starts in-process]")
+@click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
+@click.option("--cpus-per-actor", default=1, show_default=True)
+def job_run(data_dir, store_url, namespace, kbs, method, budget, codec, model_name, ray_address,
+            actors, cpus_per_actor):
+    """Run one batch compression job in this process, on the Ray cluster, against the gateway's
+    catalog and store (what `ray job submit -- kvctl job run ...` runs); `kvctl job list` on
+    that gateway shows its progress. Exit code 0 when every context is compressed and
+    published, 1 when it failed or was cancelled (SIGTERM, `ray job stop` or `kvctl job
+    cancel`), 2 on bad input."""
+    from kvedge.cloud.jobs import run_job_here
+
+    job = run_job_here(data_dir, store_url, namespace, list(kbs), method, budget, codec,
+                       model_name, ray_address, actors, cpus_per_actor)
+    sys.exit(0 if job.status == "done" else 1)
 
 
 COMMANDS = [job_group]

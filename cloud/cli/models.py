@@ -5,13 +5,13 @@ import sys
 
 import click
 
-from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.model.models import DEFAULT_MODEL
 
 
 @click.command("models")
 def models_cmd():
     """List the models kvedge can load (and whether their files are installed)."""
-    from kvedge.common.models import REGISTRY
+    from kvedge.common.model.models import REGISTRY
 
     for entry in REGISTRY.values():
         ok, where = entry.available()
@@ -33,9 +33,9 @@ def model_group():
 @click.option("--tolerance", default=1e-4, show_default=True, help="max |Δlogits| allowed")
 def verify_cmd(model_name, tokens, tolerance):
     """Runtime vs the transformers forward: max |Δlogits| per mode; non-zero exit above tolerance."""
-    from kvedge.common.models import load_model
-    from kvedge.common.runtime import Runtime
-    from kvedge.common.verify import verify_runtime
+    from kvedge.common.model.models import load_model
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.model.verify import verify_runtime
 
     loaded = load_model(model_name)
     click.echo(f"model {loaded.name}  fingerprint {loaded.fingerprint[:16]}  "

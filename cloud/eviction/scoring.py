@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kvedge.common.attention import key_votes
-from kvedge.common.kvcache import truncate_cache
+from kvedge.common.model.attention import key_votes
+from kvedge.common.model.kvcache import truncate_cache
 
 QUERY_CHUNK = 256
 

@@ -3,7 +3,7 @@
 The proxy (a chat-wrapped, task-agnostic question) is appended after the context; its tokens
 are the observation window. Each context key's vote is the attention it receives summed over
 the window's queries and the grouped heads, smoothed by max-pooling over neighbouring tokens
-(kernel 7, as SnapKV clusters: `kvedge.common.snapkv`, shared with A3's eviction at the
+(kernel 7, as SnapKV clusters: `kvedge.common.model.snapkv`, shared with A3's eviction at the
 edge), and every head keeps the same number of pairs.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kvedge.cloud.eviction.base import EvictionMethod
 from kvedge.cloud.eviction.registry import METHODS
 from kvedge.cloud.eviction.scoring import context_cache, probe_scores
 from kvedge.common.registry import option
-from kvedge.common.snapkv import KERNEL, cluster
+from kvedge.common.model.snapkv import KERNEL, cluster
 
 PROXY = "What are the key facts in the text above? Answer the question about them."
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from kvedge.common.kvcache import DenseKV, LayerKV, RaggedKV
+from kvedge.common.model.kvcache import DenseKV, LayerKV, RaggedKV
 from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece, decode_pieces, piece_rows
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
@@ -160,7 +160,7 @@ class RopeTable:
 
     @classmethod
     def of(cls, rope, seq_len: int, n: int, device="cpu") -> "RopeTable":
-        """For `kvedge.common.rope.Rope` at the request's length `seq_len`."""
+        """For `kvedge.common.model.rope.Rope` at the request's length `seq_len`."""
         inv_freq, scaling = rope.frequencies(seq_len)
         return cls(inv_freq.to(device), scaling, n, device)
 

@@ -14,7 +14,7 @@ The chat prefix is not a candidate: its KV is exact already (it always sits at p
 Extension (Sec. 2, "Extention", after Eq. 5; off unless `capacity` > 0): once the first token
 is picked, every layer and KV head keeps at most C = `capacity` rows — the system prompt S and
 the question Q whole, and the top C − |S| − |Q| document tokens by SnapKV (Li et al., 2024;
-`kvedge.common.snapkv`) — and decoding attends over exactly those (`kv_bytes` shrinks). What
+`kvedge.common.model.snapkv`) — and decoding attends over exactly those (`kv_bytes` shrinks). What
 the paper leaves open, decided here:
 - S is the chat prefix, and fresh text between segments (SparseX layouts) is kept like it:
   both are exact, small, and not reusable document tokens; C counts them with Q, so a head
@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvedge.common.attention import key_votes
+from kvedge.common.model.attention import key_votes
 from kvedge.common.errors import InvalidOption
-from kvedge.common.kvcache import KVCache, kept_rows
+from kvedge.common.model.kvcache import KVCache, kept_rows
 from kvedge.common.registry import option
-from kvedge.common.snapkv import cluster, keep_top
+from kvedge.common.model.snapkv import cluster, keep_top
 from kvedge.edge.strategies.base import Composed, Plan
 from kvedge.edge.strategies.registry import STRATEGIES
 from kvedge.edge.strategies.shallow import ShallowSelection

@@ -13,9 +13,9 @@ from typing import Callable, ClassVar
 
 import torch
 
-from kvedge.common.kvcache import KVCache, LayerKV
+from kvedge.common.model.kvcache import KVCache, LayerKV
 from kvedge.common.registry import validate
-from kvedge.common.runtime import ActivePlan, Observer
+from kvedge.common.model.runtime import ActivePlan, Observer
 from kvedge.edge.loader import load_cache
 
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kvedge.common.kvcache import KVCache, aligned, kept_rows
+from kvedge.common.model.kvcache import KVCache, aligned, kept_rows
 from kvedge.common.registry import option
 from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
 from kvedge.edge.strategies.registry import STRATEGIES
@@ -177,7 +177,7 @@ class SamKV(ReuseStrategy):
                       reserve: int) -> torch.Tensor:
         """Q_que (L, Hq, D): the question's pre-RoPE queries over prefix + initial + local
         blocks, mean-pooled over the question tokens."""
-        from kvedge.common.runtime import LayerCapture
+        from kvedge.common.model.runtime import LayerCapture
 
         fixed = [d.fixed[None].expand(rt.n_layers, -1) for d in docs]
         small = replace(composed, segments=sparse_segments(composed, docs, fixed))

@@ -135,8 +135,8 @@ class SparseX(ReuseStrategy):
     def layer0_scores(rt, cache, ids: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """s_j of Eq. 2 without hybrid attention: the non-reused tokens' layer-0 queries
         against the aligned cached keys (and their own fresh keys, which share the softmax)."""
-        from kvedge.common.kvcache import DenseKV
-        from kvedge.common.runtime import rms_norm
+        from kvedge.common.model.kvcache import DenseKV
+        from kvedge.common.model.runtime import rms_norm
 
         w, seq_len = rt.layers[0], cache.seq_len
         q, k, v = rt.qkv(w, rms_norm(F.embedding(ids, rt.embed), w.ln1, rt.eps))
@@ -148,7 +148,7 @@ class SparseX(ReuseStrategy):
         if len(held) == 1:
             layer = DenseKV(keys[0], vals[0], pos[0])
         else:
-            from kvedge.common.kvcache import RaggedKV
+            from kvedge.common.model.kvcache import RaggedKV
 
             layer = RaggedKV([k_[0] for k_ in keys], [v_[0] for v_ in vals], pos)
         q = q.view(rt.n_kv, rt.group, -1, rt.head_dim)

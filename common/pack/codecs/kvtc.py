@@ -313,7 +313,7 @@ def referenced_transforms(manifest) -> set[str]:
 
 def default_store() -> TransformStore:
     """The transforms folder of this machine: <KVEDGE_HOME>/transforms."""
-    from kvedge.common.models import kvedge_home
+    from kvedge.common.model.models import kvedge_home
 
     root = kvedge_home() / "transforms"
     return _STORES.setdefault(root, TransformStore(root))

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from kvedge.common.models import DEFAULT_MODEL
+from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 
@@ -17,7 +17,7 @@ from kvedge.common.pack.codecs import DEFAULT_CODEC
               help="another KB folder with a questions.json [default: the bundled one]")
 def demo_cmd(model_name, keep, codec, kb_dir):
     """Gateway + edge on this machine: upload the bundled KB, ask its questions, compare."""
-    from kvedge.cloud.demo import DEMO_KB, run_demo
+    from kvedge.apps.demo import DEMO_KB, run_demo
 
     ok = run_demo(model_name, keep=keep, echo=click.echo, codec=codec, kb_dir=kb_dir or DEMO_KB)
     sys.exit(0 if ok else 1)
@@ -29,7 +29,7 @@ def demo_cmd(model_name, keep, codec, kb_dir):
 @click.option("--seed", default=0, show_default=True)
 def needle_cmd(model_name, tokens, seed):
     """The runtime alone: a needle question over realigned segment KV vs full recompute."""
-    from kvedge.cloud.needle import run_needle_demo
+    from kvedge.apps.needle import run_needle_demo
 
     ok = run_needle_demo(model_name, tokens, seed, echo=click.echo)
     sys.exit(0 if ok else 1)

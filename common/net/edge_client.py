@@ -7,10 +7,10 @@ from typing import Iterator, Mapping, Sequence
 
 import grpc
 
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import RpcClient, metadata
-from kvedge.common.tls import ClientTLS
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.rpc import RpcClient, metadata
+from kvedge.common.net.tls import ClientTLS
 
 
 class EdgeClient(RpcClient):

@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvedge.common.attention import visible
+from kvedge.common.model.attention import visible
 from kvedge.common.errors import CacheError
-from kvedge.common.generate import Decoding
-from kvedge.common.kvcache import LayerKV
-from kvedge.common.runtime import Runtime, rms_norm
+from kvedge.common.model.generate import Decoding
+from kvedge.common.model.kvcache import LayerKV
+from kvedge.common.model.runtime import Runtime, rms_norm
 
 # CPU BLAS (MKL/oneDNN) rounds a row differently by the kernel that computes it: one row is a
 # matrix-vector product, and rows of a partial 4-row panel take another path than rows of full

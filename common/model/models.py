@@ -147,7 +147,7 @@ def build_random_model(config, seed: int = 0) -> torch.nn.Module:
 
 
 def _load_tiny(name: str) -> LoadedModel:
-    from kvedge.common.tokenizer import tiny_tokenizer
+    from kvedge.common.model.tokenizer import tiny_tokenizer
 
     return LoadedModel(name, build_random_model(TINY_CONFIGS[name]()), tiny_tokenizer(), "random")
 
@@ -176,7 +176,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kvedge.common.tokenizer import gguf_tokenizer
+    from kvedge.common.model.tokenizer import gguf_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=torch.float32)
@@ -218,7 +218,7 @@ def load_folder(path: Path | str) -> LoadedModel:
         tokenizer = (AutoTokenizer.from_pretrained(str(path))
                      if any(path.glob("tokenizer*")) else None)
     elif len(ggufs) == 1:
-        from kvedge.common.tokenizer import gguf_tokenizer
+        from kvedge.common.model.tokenizer import gguf_tokenizer
 
         model = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=ggufs[0].name,
                                                      dtype=torch.float32)

@@ -1,6 +1,6 @@
 """Regenerate the committed protobuf/gRPC modules from kvedge.proto.
 
-    python -m kvedge.common.proto.generate          # rewrite kvedge_pb2*.py here
+    python -m kvedge.common.net.proto.generate          # rewrite kvedge_pb2*.py here
 A test regenerates into a temporary folder and checks the committed files match.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
-PACKAGE = Path("kvedge/common/proto")  # so generated imports read `from kvedge.common.proto import`
+PACKAGE = Path("kvedge/common/net/proto")  # generated imports: `from kvedge.common.net.proto`
 OUTPUTS = ("kvedge_pb2.py", "kvedge_pb2_grpc.py", "kvedge_pb2.pyi")
 
 

@@ -3,7 +3,7 @@
 Named kvedge errors become clear status codes on the server side and come back as the same
 named errors on the client side, so a user sees "NotFound: no knowledge base 'x' ..." and not
 a gRPC stack trace. Every server starts with `serve_grpc` and every channel opens with
-`channel`, each taking an optional TLS config (`kvedge.common.tls`); a connection that fails
+`channel`, each taking an optional TLS config (`kvedge.common.net.tls`); a connection that fails
 its TLS handshake comes back as a `TLSError` saying which side is wrong. `run_until_signal`
 is how both daemons stop: gracefully, on SIGTERM or SIGINT.
 """
@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 import grpc
 
 from kvedge.common import errors
-from kvedge.common.auth import Principal, TokenStore, bearer
-from kvedge.common.tls import ClientTLS, ServerTLS, check_listen, handshake_error
+from kvedge.common.net.auth import Principal, TokenStore, bearer
+from kvedge.common.net.tls import ClientTLS, ServerTLS, check_listen, handshake_error
 
 MAX_MESSAGE = 64 * 1024 * 1024
 CHUNK = 1024 * 1024
@@ -170,7 +170,7 @@ def serve_grpc(add_servicers, address: str, services: list[str], max_workers: in
     can't bind. The gateway and the edge daemon both start this way."""
     from concurrent import futures
 
-    from kvedge.common.metrics import RequestInterceptor, RequestMetrics
+    from kvedge.common.net.metrics import RequestInterceptor, RequestMetrics
 
     check_listen(address, tls, insecure)
     metrics = RequestMetrics(registry, "rpc", ("service", "method")) \

@@ -54,12 +54,14 @@ class Child:
             raise RuntimeError(f"the {self.name} exited (code {self.proc.returncode}):\n{tail}")
 
 
+# the programs the demo runs as children: `kvctl` (the gateway) and `kvedge` (the edge daemon),
+# by module so that the interpreter running the demo runs them too (no PATH lookup)
+PROGRAMS = {"gateway": "kvedge.apps.kvctl", "edge": "kvedge.edge.cli"}
+
+
 def start(name: str, args: list[str], log: Path, env=None) -> Child:
-    cli = "kvedge.cloud.cli:kvctl" if name == "gateway" else "kvedge.edge.cli:main"
-    module, func = cli.split(":")
-    code = f"from {module} import {func}; {func}()"
     out = open(log, "wb")  # noqa: SIM115 - owned by the child for its lifetime
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=out,
+    proc = subprocess.Popen([sys.executable, "-m", PROGRAMS[name], *args], stdout=out, stderr=out,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     return Child(name, proc, log)
 
@@ -76,9 +78,9 @@ def wait_for(predicate, what: str, children: list[Child], timeout: float) -> Non
 
 def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = DEFAULT_CODEC,
              kb_dir: Path = DEMO_KB) -> bool:
-    from kvedge.common.cloud_client import CloudClient
-    from kvedge.common.rpc import wait_healthy
-    from kvedge.common.edge_client import EdgeClient
+    from kvedge.common.net.cloud_client import CloudClient
+    from kvedge.common.net.rpc import wait_healthy
+    from kvedge.common.net.edge_client import EdgeClient
 
     root = Path(tempfile.mkdtemp(prefix="kvedge-demo-"))
     cloud_addr, edge_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"

@@ -26,7 +26,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
 from kvedge.common.errors import InvalidRequest
-from kvedge.common.tls import ServerTLS, check_listen, host_of
+from kvedge.common.net.tls import ServerTLS, check_listen, host_of
 
 REQUEST_ID = "x-request-id"
 _WELL_FORMED_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # it is logged: no spaces, no newlines

@@ -47,8 +47,8 @@ def needle_prompt(tokenizer, n_tokens: int, seed: int):
 
 
 def _answer(rt, tok, cache, ids, start, max_new=32):
-    from kvedge.common.generate import generate
-    from kvedge.common.textstream import TextStream
+    from kvedge.common.model.generate import generate
+    from kvedge.common.model.textstream import TextStream
 
     stream, t0, ttft = TextStream(tok), time.perf_counter(), None
     for token in generate(rt, cache, torch.tensor(ids), torch.arange(start, start + len(ids)),
@@ -60,8 +60,8 @@ def _answer(rt, tok, cache, ids, start, max_new=32):
 
 
 def run_needle_demo(model_name: str, n_tokens: int, seed: int, echo=print) -> bool:
-    from kvedge.common.models import load_model
-    from kvedge.common.runtime import Runtime
+    from kvedge.common.model.models import load_model
+    from kvedge.common.model.runtime import Runtime
 
     t0 = time.perf_counter()
     loaded = load_model(model_name)

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
-from kvedge.common.attention import OwnKV
-from kvedge.common.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
-from kvedge.common.rope import Rope, head_dim_of
+from kvedge.common.model.attention import OwnKV
+from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
+from kvedge.common.model.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvedge.common.runtime import Runtime
+from kvedge.common.model.runtime import Runtime
 
 TOLERANCE = 1e-4  # max |Δlogits| in fp32
 

@@ -8,8 +8,8 @@ from typing import Callable, Iterator
 import torch
 
 from kvedge.common.errors import InvalidRequest
-from kvedge.common.kvcache import KVCache
-from kvedge.common.runtime import Runtime
+from kvedge.common.model.kvcache import KVCache
+from kvedge.common.model.runtime import Runtime
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; hotter only adds noise
 MAX_SEED = 2**63 - 1   # what gRPC's int64 carries and a torch generator takes
@@ -70,7 +70,7 @@ class Decoding:
     """One request's decoding state between forwards: its cache and one RoPE length, its
     sampler with its own generator (a seed stays the request's however requests are batched),
     the last token picked and its position. `generate` steps one alone;
-    `kvedge.common.batch.decode_step` steps many in one batched forward."""
+    `kvedge.common.model.batch.decode_step` steps many in one batched forward."""
 
     def __init__(self, cache: KVCache, max_new_tokens: int, sampler: Sampler, seq_len: int,
                  last_position: int, stop_ids: tuple[int, ...] = ()):

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from kvedge.common.attention import OwnKV, gqa_attention
+from kvedge.common.model.attention import OwnKV, gqa_attention
 from kvedge.common.errors import CacheError
 
 Undo = Callable[[], None]

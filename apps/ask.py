@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from kvedge.common.cli import EDGE_ADDRESS, echo_json, home_path, parse_options, proto_dict
-from kvedge.common.tls import ca_option
+from kvedge.common.net.tls import ca_option
 
 
 @click.command("ask")
@@ -30,9 +30,9 @@ from kvedge.common.tls import ca_option
 def ask_cmd(question, kb, namespace, strategy, opts, top_k, max_new_tokens, temperature, top_p,
             seed, stops, address, token, tls_ca, as_json):
     """Ask an edge daemon a question about a knowledge base; the answer streams."""
-    from kvedge.common.edge_client import EdgeClient
-    from kvedge.common.rpc import read_token
-    from kvedge.common.tls import client_tls
+    from kvedge.common.net.edge_client import EdgeClient
+    from kvedge.common.net.rpc import read_token
+    from kvedge.common.net.tls import client_tls
 
     options = parse_options(opts)
     with EdgeClient(address, read_token(token, home_path("edge", "edge.token")),

@@ -9,7 +9,7 @@ anything that leaves the machine goes over TLS (issue 16):
   system's CA store; `$KVEDGE_TLS_CERT/$KVEDGE_TLS_KEY` add a client certificate);
 - a daemon refuses a non-loopback address in plaintext unless told `--insecure`
   (`check_listen`).
-`kvedge.common.rpc` takes these configs, so every server and channel is set up in one place.
+`kvedge.common.net.rpc` takes these configs, so every server and channel is set up in one place.
 Certificates use ECDSA P-256 (`cryptography`); private keys are written 0600, atomically.
 """
 from __future__ import annotations

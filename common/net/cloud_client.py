@@ -14,10 +14,10 @@ import grpc
 from kvedge.common.errors import BadInput
 from kvedge.common.kbfiles import scan_folder
 from kvedge.common.pack.codecs import DEFAULT_CODEC
-from kvedge.common.proto import kvedge_pb2 as pb
-from kvedge.common.proto import kvedge_pb2_grpc as pb_grpc
-from kvedge.common.rpc import CHUNK, RpcClient, metadata
-from kvedge.common.tls import ClientTLS
+from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
+from kvedge.common.net.rpc import CHUNK, RpcClient, metadata
+from kvedge.common.net.tls import ClientTLS
 
 DEADLINE = 60.0
 

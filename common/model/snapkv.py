@@ -1,6 +1,6 @@
 """SnapKV's selection (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for before
 Generation", arXiv:2404.14469, Sec. 4): the queries of an observation window vote for the keys
-they attend to (`kvedge.common.attention.key_votes`, reduce="sum": summed over the window and,
+they attend to (`kvedge.common.model.attention.key_votes`, reduce="sum": summed over the window and,
 per KV head, over its grouped query heads), the votes are pooled over neighbouring positions
 so that a kept token keeps its neighbours ("clustering"), and each head keeps its top-k.
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from kvedge.common.proto import kvedge_pb2 as kvedge_dot_common_dot_proto_dot_kvedge__pb2
+from kvedge.common.net.proto import kvedge_pb2 as kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in kvedge/common/proto/kvedge_pb2_grpc.py depends on'
+        + ' but the generated code in kvedge/common/net/proto/kvedge_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,63 +36,63 @@ class CloudStub:
         """
         self.PlanUpload = channel.unary_unary(
                 '/kvedge.v1.Cloud/PlanUpload',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadPlanRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadPlan.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadPlanRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadPlan.FromString,
                 _registered_method=True)
         self.Upload = channel.stream_unary(
                 '/kvedge.v1.Cloud/Upload',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadChunk.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadReply.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadChunk.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadReply.FromString,
                 _registered_method=True)
         self.ListKBs = channel.unary_unary(
                 '/kvedge.v1.Cloud/ListKBs',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.ListKBsRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.ListKBsReply.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.ListKBsRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.ListKBsReply.FromString,
                 _registered_method=True)
         self.GetKB = channel.unary_unary(
                 '/kvedge.v1.Cloud/GetKB',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBInfo.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBInfo.FromString,
                 _registered_method=True)
         self.RemoveKB = channel.unary_unary(
                 '/kvedge.v1.Cloud/RemoveKB',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.RemoveReply.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.RemoveReply.FromString,
                 _registered_method=True)
         self.FetchPack = channel.unary_stream(
                 '/kvedge.v1.Cloud/FetchPack',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
                 _registered_method=True)
         self.FetchTransform = channel.unary_stream(
                 '/kvedge.v1.Cloud/FetchTransform',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
                 _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/kvedge.v1.Cloud/SubmitJob',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/kvedge.v1.Cloud/GetJob',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
                 _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/kvedge.v1.Cloud/WatchJob',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/kvedge.v1.Cloud/ListJobs',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsReply.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobsRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobsReply.FromString,
                 _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/kvedge.v1.Cloud/CancelJob',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
                 _registered_method=True)
 
 
@@ -177,63 +177,63 @@ def add_CloudServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'PlanUpload': grpc.unary_unary_rpc_method_handler(
                     servicer.PlanUpload,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadPlanRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadPlan.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadPlanRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadPlan.SerializeToString,
             ),
             'Upload': grpc.stream_unary_rpc_method_handler(
                     servicer.Upload,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadChunk.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadReply.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadChunk.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadReply.SerializeToString,
             ),
             'ListKBs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListKBs,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.ListKBsRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.ListKBsReply.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.ListKBsRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.ListKBsReply.SerializeToString,
             ),
             'GetKB': grpc.unary_unary_rpc_method_handler(
                     servicer.GetKB,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBRef.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBInfo.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBInfo.SerializeToString,
             ),
             'RemoveKB': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveKB,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBRef.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.RemoveReply.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.RemoveReply.SerializeToString,
             ),
             'FetchPack': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPack,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchPackRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
             ),
             'FetchTransform': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchTransform,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchTransformRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchTransformRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
             ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsReply.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobsRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobsReply.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,8 +261,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/PlanUpload',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadPlanRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadPlan.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadPlanRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadPlan.FromString,
             options,
             channel_credentials,
             insecure,
@@ -288,8 +288,8 @@ class Cloud:
             request_iterator,
             target,
             '/kvedge.v1.Cloud/Upload',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadChunk.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.UploadReply.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadChunk.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.UploadReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -315,8 +315,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/ListKBs',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.ListKBsRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.ListKBsReply.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.ListKBsRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.ListKBsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -342,8 +342,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/GetKB',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBInfo.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -369,8 +369,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/RemoveKB',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.RemoveReply.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.KBRef.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.RemoveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -396,8 +396,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/FetchPack',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -423,8 +423,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/FetchTransform',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -450,8 +450,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/SubmitJob',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -477,8 +477,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/GetJob',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -504,8 +504,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/WatchJob',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -531,8 +531,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/ListJobs',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobsReply.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobsRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -558,8 +558,8 @@ class Cloud:
             request,
             target,
             '/kvedge.v1.Cloud/CancelJob',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobRef.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -582,8 +582,8 @@ class EdgeStub:
         """
         self.Ask = channel.unary_stream(
                 '/kvedge.v1.Edge/Ask',
-                request_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.AskRequest.SerializeToString,
-                response_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.AskEvent.FromString,
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.AskRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.AskEvent.FromString,
                 _registered_method=True)
 
 
@@ -601,8 +601,8 @@ def add_EdgeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Ask': grpc.unary_stream_rpc_method_handler(
                     servicer.Ask,
-                    request_deserializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.AskRequest.FromString,
-                    response_serializer=kvedge_dot_common_dot_proto_dot_kvedge__pb2.AskEvent.SerializeToString,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.AskRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.AskEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -630,8 +630,8 @@ class Edge:
             request,
             target,
             '/kvedge.v1.Edge/Ask',
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.AskRequest.SerializeToString,
-            kvedge_dot_common_dot_proto_dot_kvedge__pb2.AskEvent.FromString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.AskRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.AskEvent.FromString,
             options,
             channel_credentials,
             insecure,
