@@ -157,6 +157,19 @@ def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int
     return load_cache(rt, composed, realign=realign, reserve=reserve, seq_len=seq_len)
 
 
+def boundary_plan(rt, composed: Composed, reserve: int,
+                  local: Callable[[int], torch.Tensor]) -> Plan:
+    """Realign every segment, then run at full depth the tokens `local(n)` of each segment
+    (indices into a segment of n tokens) and every fresh token, in position order: EPIC's
+    LegoLink, where `epic` (first k) and `legolink` (first and last k) differ only in `local`."""
+    cache = assemble_cache(rt, composed, realign=True,
+                           reserve=len(composed.question_ids) + reserve)
+    chosen = [local(seg.n_tokens) + off for seg, off in zip(composed.segments, composed.offsets)]
+    positions = torch.sort(torch.cat(chosen + [composed.fresh_positions()])).values
+    all_ids = torch.tensor(composed.all_ids())
+    return Plan(cache, all_ids[positions], positions, recomputed=sum(c.numel() for c in chosen))
+
+
 def sequence_ratio(cache: KVCache, composed: Composed) -> float:
     """Context rows the cache holds / context tokens, mean over layers and KV heads: SamKV's
     sequence ratio (1.0 for a strategy that keeps every context token; below it after

@@ -12,25 +12,12 @@ half of k = 32. `legolink` is the first-and-last variant A3 runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from kvedge.common.registry import option
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, boundary_plan
 from kvedge.edge.strategies.registry import STRATEGIES
-
-
-def boundary_plan(rt, composed: Composed, reserve: int,
-                  local: Callable[[int], torch.Tensor]) -> Plan:
-    """Realign every segment, then run at full depth the tokens `local(n)` of each segment
-    (indices into a segment of n tokens) and every fresh token, in position order."""
-    cache = assemble_cache(rt, composed, realign=True,
-                           reserve=len(composed.question_ids) + reserve)
-    chosen = [local(seg.n_tokens) + off for seg, off in zip(composed.segments, composed.offsets)]
-    positions = torch.sort(torch.cat(chosen + [composed.fresh_positions()])).values
-    all_ids = torch.tensor(composed.all_ids())
-    return Plan(cache, all_ids[positions], positions, recomputed=sum(c.numel() for c in chosen))
 
 
 @STRATEGIES.register

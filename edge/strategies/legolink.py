@@ -1,7 +1,8 @@
-"""`legolink`: LegoLink as A3 runs it (../shared/papers/a3-*.txt, Sec. 3.1: "we recompute the
-first and last 20 tokens of each chunk"): after position recovery, recompute the first and last
-`tokens` tokens of every segment at full depth — StreamingLLM's sink-and-recent rule applied per
-chunk. EPIC's own rule (first k ≤ 32 tokens only) is `epic`.
+"""`legolink`: LegoLink as A3 runs it ("A³: Attention-Aware Accurate KV Cache Fusion for Fast
+Large Language Model Serving", Sec. 3.1: "we recompute the first and last 20 tokens of each
+chunk"): after position recovery, recompute the first and last `tokens` tokens of every segment
+at full depth — StreamingLLM's sink-and-recent rule applied per chunk. EPIC's own rule (first
+k ≤ 32 tokens only) is `epic`; both are `base.boundary_plan`.
 """
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kvedge.common.registry import option
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy
-from kvedge.edge.strategies.epic import boundary_plan
+from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, boundary_plan
 from kvedge.edge.strategies.registry import STRATEGIES
 
 
