@@ -70,7 +70,8 @@ class ContrastKV(EvictionMethod):
     name = "contrastkv"
 
     def score(self, rt, ctx):
-        positive = positive_scores(rt, ctx, self.chunk, self.seed_tokens)
+        cache = context_cache(rt, ctx)  # both signals probe it: each probe truncates it back
+        positive = positive_scores(rt, cache, ctx, self.chunk, self.seed_tokens)
         noise = noise_sequence(rt.config.vocab_size, self.t_neg, self.seed)
-        negative = probe_scores(rt, context_cache(rt, ctx), ctx.n_tokens, noise)
+        negative = probe_scores(rt, cache, ctx.n_tokens, noise)
         return [fuse(p, n, self.beta, self.gamma) for p, n in zip(positive, negative)]

@@ -31,9 +31,9 @@ def reconstruction_prompts(tokenizer, context_ids: list[int], chunk: int = 2048,
     return prompts
 
 
-def positive_scores(rt, ctx, chunk: int = 2048, seed_tokens: int = 8):
-    """Per layer (Hkv, n): max attention from the context's reconstruction (Eq. 8)."""
-    cache = context_cache(rt, ctx)
+def positive_scores(rt, cache, ctx, chunk: int = 2048, seed_tokens: int = 8):
+    """Per layer (Hkv, n): max attention from the context's reconstruction (Eq. 8), probed
+    against `cache`, the context's `context_cache` (left as it was)."""
     prompts = reconstruction_prompts(rt.loaded.tokenizer, ctx.token_ids, chunk, seed_tokens)
     return merge_max([probe_scores(rt, cache, ctx.n_tokens, p) for p in prompts])
 
@@ -47,4 +47,4 @@ class KVzip(EvictionMethod):
     name = "kvzip"
 
     def score(self, rt, ctx):
-        return positive_scores(rt, ctx, self.chunk, self.seed_tokens)
+        return positive_scores(rt, context_cache(rt, ctx), ctx, self.chunk, self.seed_tokens)
