@@ -227,10 +227,6 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         with self._lock:
             return [key for key, thread in self._ingests.items() if thread.is_alive()]
 
-    def wait_idle(self, timeout: float | None = None) -> None:
-        for thread in list(self._ingests.values()):
-            thread.join(timeout)
-
     # ------------------------------------------------------------------ catalog
 
     def _info(self, ns: str, name: str, variant: str = BASE) -> pb.KBInfo:
