@@ -16,14 +16,12 @@ from typing import Iterator, Sequence
 from . import prose
 from .length import TokenCounter, fill
 
-NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
-         "There and back again.")
 KINDS = ("noise", "prose")
 
 
 def noise() -> Iterator[str]:
     """RULER's noise haystack, one sentence a piece."""
-    return (s + " " for s in cycle(NOISE))
+    return (s + " " for s in cycle(prose.NOISE))
 
 
 def source(kind: str, rng: random.Random) -> Iterator[str]:
@@ -36,7 +34,7 @@ def source(kind: str, rng: random.Random) -> Iterator[str]:
 
 def vocabulary(kind: str) -> str:
     """The words a haystack of this kind can contain (for collision checks)."""
-    return " ".join(NOISE).lower() if kind == "noise" else prose.vocabulary()
+    return " ".join(prose.NOISE).lower() if kind == "noise" else prose.vocabulary()
 
 
 def haystack(kind: str, rng: random.Random, budget: float, count_tokens: TokenCounter

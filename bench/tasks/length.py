@@ -36,10 +36,10 @@ lighthouse mill theatre aqueduct abbey market hall
 
 @lru_cache(maxsize=1)
 def _known_words() -> frozenset[str]:
-    from . import haystack, prose, values
+    from . import prose, values
 
     words = COMMON_WORDS.split() + prose.vocabulary().split() + values.KEY_ADJECTIVES \
-        + values.KEY_NOUNS + " ".join(haystack.NOISE).lower().replace(".", "").split()
+        + values.KEY_NOUNS + " ".join(prose.NOISE).lower().replace(".", "").split()
     return frozenset(words)
 
 

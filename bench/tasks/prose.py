@@ -4,13 +4,18 @@ RULER fills its haystacks with Paul Graham essays; no essay corpus ships here, s
 are composed from templates and word lists. Two seeds give different text and a long haystack
 rarely repeats a sentence, so reused chunks are not identical. The prose holds no digits, no
 hyphens and none of the words the needles use ("magic", "special", "VAR"), so nothing in it
-can be mistaken for, or contain, an answer.
+can be mistaken for, or contain, an answer. The other filler, RULER's noise sentences, is
+`NOISE`: both are the words a haystack can hold, which the token estimate knows.
 """
 from __future__ import annotations
 
 import random
 from functools import lru_cache
 from typing import Iterator
+
+# RULER's noise haystack: these few sentences, repeated (`haystack.noise`)
+NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
+         "There and back again.")
 
 PEOPLE = [
     "the baker", "an old fisherman", "the schoolteacher", "a young shepherd", "the ferryman",
