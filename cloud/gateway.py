@@ -44,8 +44,8 @@ class GatewayConfig:
     codec: str = DEFAULT_CODEC
     actors: int = 1
     cpus_per_actor: int = 1
-    # prefill each segment behind the chat prefix, keeping only its KV (DESIGN.md decision 9);
-    # off until the reuse benchmark measures it against segments prefilled alone
+    # prefill each segment behind the chat prefix, keeping only its KV (docs/design.md,
+    # decision 9); off: anchored packs showed no gain over packs prefilled alone (docs/reuse.md)
     anchored: bool = False
 
     def __post_init__(self):

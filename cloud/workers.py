@@ -4,8 +4,8 @@
 wraps it in Ray actors, one model copy per actor, and spreads segments over them (Ray Serve
 LLM's pattern: the Ray layer is a shim over an engine passed in).
 
-A segment is prefilled alone from position 0, or — `anchored` (DESIGN.md decision 9) — behind
-the chat prefix the edge puts before the segments, keeping only the segment's KV: its first
+A segment is prefilled alone from position 0, or — `anchored` (docs/design.md, decision 9) —
+behind the chat prefix the edge puts before the segments, keeping only the segment's KV: its first
 tokens then do not turn into an attention sink, and as the first segment of a prompt its KV is
 exactly what a full prefill computes. The pack records the anchor's token ids either way.
 """

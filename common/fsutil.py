@@ -1,7 +1,7 @@
 """Files written whole or received in pieces, never seen half-written. Torch-free.
 
 Two helpers, because a crash or a dropped connection must never leave a reader with a torn
-file under its final name (DESIGN.md decision 4):
+file under its final name (docs/design.md, decision 4):
 - `write_atomic` (and `write_text_atomic`, `write_json_atomic`): write to a temporary file in
   the same folder, fsync it, rename it over the target, fsync the folder so the rename itself
   survives a power cut. Packs, the edge's KB manifests, tokens and token stores use it.

@@ -31,7 +31,7 @@ class Target:
 
     @classmethod
     def parse(cls, spec: str, default_namespace: str = "default") -> "Target":
-        """'kb', 'kb@variant', 'ns/kb' or 'ns/kb@variant' (DESIGN.md decision 8)."""
+        """'kb', 'kb@variant', 'ns/kb' or 'ns/kb@variant' (docs/design.md, decision 8)."""
         ns, _, rest = spec.rpartition("/")
         return cls.in_namespace(check_name("namespace", ns or default_namespace), rest)
 

@@ -1,6 +1,6 @@
 """Fused dequantize + RoPE: a pack's quantized pre-RoPE keys → rotated keys, in one pass.
 
-Keys are stored pre-RoPE and quantized per channel (DESIGN.md decision 1; KIVI Sec. 3); the
+Keys are stored pre-RoPE and quantized per channel (docs/design.md decision 1; KIVI Sec. 3); the
 edge needs them rotated to whatever positions the composed prompt gives them (A3 Eq. 2).
 Doing both in one kernel reads each packed byte once and writes the runtime's cache layout —
 per head (n, D) float, keys rotated — directly. Values take the same path without rotation.

@@ -1,6 +1,6 @@
 """RoPE at per-token target positions: the realignment hot path.
 
-Keys are stored pre-RoPE (DESIGN.md decision 1; A3 Eq. 2), so realigning a cached segment to
+Keys are stored pre-RoPE (docs/design.md decision 1; A3 Eq. 2), so realigning a cached segment to
 the positions a composed prompt gives it is one rotation per key. `rope_reference` is the
 plain-torch oracle and the CPU path; `rope_triton` is the fused kernel; `apply_rope_at`
 dispatches (Triton on CUDA, the reference elsewhere).

@@ -1,4 +1,4 @@
-"""Anchored segment prefill (DESIGN.md decision 9, issue 11 §3 (i)): the cloud prefills a
+"""Anchored segment prefill (docs/design.md decision 9, issue 11 §3 (i)): the cloud prefills a
 segment behind the chat prefix, keeps only the segment's KV and says so in the pack."""
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""`contrastkv`: ContrastKV (../shared/papers/contrastkv-contrastive-kv-eviction.txt, Sec. 4).
+"""`contrastkv`: ContrastKV ("ContrastKV: Robust KV Cache Eviction via Contrastive Signal Fusion
+for Multi-Query Generalization", Sec. 4).
 
 1. Signals (Sec. 4.1): positive = the context's reconstruction, as KVzip (t_pos = n);
    negative = a maximum-entropy noise sequence of t_neg tokens drawn uniformly from the

@@ -1,7 +1,7 @@
 """The exact transformer runtime: prefill, partial recompute and decode over explicit KV.
 
 Plain tensor ops over the loaded model's own weights (Llama, Mistral, Qwen2, Qwen3), so its
-full recompute equals the transformers forward (DESIGN.md decision 6) and every strategy's
+full recompute equals the transformers forward (docs/design.md, decision 6) and every strategy's
 quality difference is the strategy's.
 
 Partial recompute (`Runtime.forward`) — the rules:

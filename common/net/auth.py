@@ -1,7 +1,7 @@
 """Bearer tokens scoped to namespaces: the access-control boundary between tenants.
 
 KV caches reveal the documents they came from, so every remote call authenticates and a token
-reads only its namespaces (DESIGN.md decision 5). The token store is a JSON file holding only
+reads only its namespaces (docs/design.md, decision 5). The token store is a JSON file holding only
 sha256 digests of tokens, never the tokens themselves. Torch-free.
 """
 from __future__ import annotations

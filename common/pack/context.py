@@ -1,4 +1,4 @@
-"""KVContext: one context's KV in memory, exactly what a pack holds (DESIGN.md decision 2).
+"""KVContext: one context's KV in memory, exactly what a pack holds (docs/design.md, decision 2).
 
 Every (layer, KV head) keeps its own sorted list of original positions — ragged after
 eviction, nothing padded. Keys are pre-RoPE (decision 1). Two optional side tensors travel

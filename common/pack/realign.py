@@ -3,7 +3,7 @@
 A layer of a composed cache holds, per KV head, the rows of several *sources* one after
 another — the chat prefix, then each segment — each with its own target positions. A source
 hands out what it stores (`RowSource.stored`): dense rows (the prefix, a decoded context) or a
-pack's pieces, still quantized (keys pre-RoPE, DESIGN.md decision 1). `realign_layer` turns
+pack's pieces, still quantized (keys pre-RoPE, docs/design.md decision 1). `realign_layer` turns
 every head of every source into rotated keys and values (A3 Eq. 2) in one pass:
 
 - on CUDA each quantized piece goes through the fused `kernels.dequant_rope` (Triton), dense

@@ -1,4 +1,5 @@
-"""`a3`: Attention-Aware Accurate KV Cache Fusion (A3, ../shared/papers/a3-*.txt, Sec. 2).
+"""`a3`: A3 ("A³: Attention-Aware Accurate KV Cache Fusion for Fast Large Language Model
+Serving", Sec. 2).
 
 1. Position recovery (Eq. 2): each segment's pre-RoPE keys are rotated to their positions in
    the composed prompt (`assemble_cache(realign=True)`).

@@ -1,5 +1,5 @@
-"""`samkv`: SamKV — sparse attention across multiple-context KV (../shared/papers/samkv-*.txt,
-arXiv:2508.11661, Sec. 3): keep a few blocks of each retrieved document, recompute a few of
+"""`samkv`: SamKV ("Sparse Attention Across Multiple-Context KV Cache", arXiv:2508.11661,
+Sec. 3): keep a few blocks of each retrieved document, recompute a few of
 their tokens, answer over exactly the kept rows.
 
 1. Generic query (Sec. 3.1): the question (and any fresh text) is prefilled over the chat
@@ -29,7 +29,8 @@ blocks / D") is missing from our copy. Decisions, each an option measured in doc
 - Block = the pack's block (64 tokens, the paper's); per layer, one selection shared by every
   KV head (scores summed over query heads), so a layer's kept rows are one set.
 - N* (`stable_from`): every layer from the 3rd on — layers 0–1 attend almost uniformly and
-  positionally (DESIGN.md's eviction measurements), which is what "unstable" rules out.
+  positionally (docs/codecs.md, "What the measurements say": layer 0 attends almost
+  uniformly over 2K tokens), which is what "unstable" rules out.
 - Anchor s_anc: the mean score of the initial and local blocks (the inner product with the
   mean of their summaries).
 - Normalization across documents: min–max per document and layer, (s − s_min)/(s_max − s_min),

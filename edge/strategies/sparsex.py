@@ -1,5 +1,5 @@
-"""`sparsex`: SparseX's Sparse-Q-driven Sparse-KV Recomputation (../shared/papers/sparsex-*.txt,
-Sec. 3.2–3.4, Alg. 1).
+"""`sparsex`: SparseX's Sparse-Q-driven Sparse-KV Recomputation ("SparseX: Efficient
+Segment-Level KV Cache Sharing for Interleaved LLM Serving", Sec. 3.2–3.4, Alg. 1).
 
 1. RoPE alignment (Alg. 1 line 6): each reused segment's keys move by Δ = p' − p. Our keys
    are stored pre-RoPE, so rotating them once to the composed positions is the same map
@@ -32,7 +32,7 @@ Decisions where the paper gives no value (each an option, measured in docs/reuse
   so the two are compared at equal top-k budgets; overflow and tail come on top of it.
 - b (`block`): 16 tokens, vLLM's default block size, the unit SparseX-vLLM reuses and widens
   intervals by (Sec. 4).
-- `segment_head` (not in the paper; segment-boundary repair, DESIGN.md decision 9): the first
+- `segment_head` (not in the paper; segment-boundary repair, docs/design.md decision 9): the first
   tokens of every reused segment, which act as attention sinks when a segment prefilled
   alone is placed mid-prompt, always join R. Default 0: plain SparseX.
 """

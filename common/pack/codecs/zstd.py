@@ -4,7 +4,8 @@ Single-threaded (faster than threads on 2 cores). Multi-byte parts (fp16 scales,
 full-precision rows) are split into byte planes, one zstd frame each: sign/exponent bytes
 compress well, mantissa bytes hardly at all, and inside one frame zstd would code both with
 one Huffman table whenever they share a 128 KB block (bench/codec_bench.py measures the
-difference). On raw fp16 KV it gains little (DESIGN.md: ~1.1×); it pays after quantization.
+difference). On raw fp16 KV it gains little (~1.1×, docs/design.md, reference points); it
+pays after quantization.
 """
 from __future__ import annotations
 
