@@ -388,6 +388,7 @@ def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, w
     from kvedge.common.model.models import DEFAULT_MODEL, load_model
     from kvedge.common.model.rope import Rope
     from kvedge.common.model.runtime import Runtime
+    from kvedge.common.pack.manifest import KVShape
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -400,7 +401,7 @@ def main(codecs, tokens, items, calibrate, calib_items, sinks, recent, target, w
     queries = [q[:, -16:] for q in res.queries]
     ctx = KVContext.from_dense(res.keys, res.values, ids, model_fingerprint=lm.fingerprint,
                                tokenizer_id=lm.tokenizer_id, queries=res.queries)
-    fp16_bytes = 2 * 2 * sum(k.numel() for k in res.keys)
+    fp16_bytes = KVShape(rt.n_layers, rt.n_kv, rt.head_dim).fp16_bytes(len(ids))
     specs = list(codecs or default_codecs())
     if paired_with is not None and paired_with not in specs:
         raise click.BadParameter(f"{paired_with!r} is not one of the -c codecs", param_hint="--paired-with")

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         packs = [engine.encode(s, "default", codec) for s in segments]
         size = sum(len(p.data) for p in packs)
         tokens = sum(p.n_tokens for p in packs)
-        fp16 = sum(p.fp16_bytes for p in packs)
+        fp16 = engine.kv_shape.fp16_bytes(tokens)
         print(f"| `{codec}` | {len(packs)} | {tokens} | {size / tokens:,.0f} | "
               f"{fp16 / size:.2f} | {time.perf_counter() - start:.0f} |", flush=True)
         parts = pack_parts(packs[0].data)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from kvedge.common.errors import NotFound
+from kvedge.common.pack.manifest import KVShape
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kbs (
@@ -25,6 +26,8 @@ CREATE TABLE IF NOT EXISTS kbs (
     mode TEXT NOT NULL DEFAULT 'rag', segment_tokens INTEGER NOT NULL DEFAULT 512,
     codec TEXT NOT NULL DEFAULT 'fp16', model_fingerprint TEXT NOT NULL DEFAULT '',
     n_tokens INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL,
+    n_layers INTEGER NOT NULL DEFAULT 0, n_kv_heads INTEGER NOT NULL DEFAULT 0,
+    head_dim INTEGER NOT NULL DEFAULT 0,
     UNIQUE (namespace, name));
 CREATE TABLE IF NOT EXISTS files (
     kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, path TEXT NOT NULL,
@@ -36,7 +39,7 @@ CREATE TABLE IF NOT EXISTS variants (
 CREATE TABLE IF NOT EXISTS segments (
     kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, variant TEXT NOT NULL,
     idx INTEGER NOT NULL, pack_id TEXT NOT NULL, pack_bytes INTEGER NOT NULL,
-    n_tokens INTEGER NOT NULL, source TEXT NOT NULL, fp16_bytes INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL, source TEXT NOT NULL,
     PRIMARY KEY (kb_id, variant, idx));
 CREATE INDEX IF NOT EXISTS segments_by_pack ON segments(pack_id);
 CREATE TABLE IF NOT EXISTS jobs (
@@ -47,8 +50,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     owner TEXT NOT NULL DEFAULT '');
 """
 # columns added since a table was first created: (table, column, definition); a catalog
-# written by an older kvedge gains them when it is opened
-MIGRATIONS = [("jobs", "owner", "TEXT NOT NULL DEFAULT ''")]
+# written by an older kvedge gains them when it is opened. A KB's KV shape is the model's (its
+# fp16 size follows from it, `KVShape.fp16_bytes`); in an older catalog it reads (0, 0, 0),
+# unknown, until the KB is ingested again.
+MIGRATIONS = [("jobs", "owner", "TEXT NOT NULL DEFAULT ''"),
+              ("kbs", "n_layers", "INTEGER NOT NULL DEFAULT 0"),
+              ("kbs", "n_kv_heads", "INTEGER NOT NULL DEFAULT 0"),
+              ("kbs", "head_dim", "INTEGER NOT NULL DEFAULT 0")]
+# columns an older kvedge wrote and this one derives instead: (table, column); dropped when
+# the catalog is opened (a NOT NULL column without a default would refuse new rows)
+DROPPED = [("segments", "fp16_bytes")]
+UNKNOWN_SHAPE = KVShape(0, 0, 0)
 ACTIVE = ("queued", "running", "cancelling")  # a job some process is (or should be) running
 
 BASE = ""  # the base (uncompressed) variant's name
@@ -63,7 +75,6 @@ class SegmentRecord:
     pack_bytes: int
     n_tokens: int
     source: str
-    fp16_bytes: int
 
 
 @dataclass
@@ -76,6 +87,7 @@ class KBRecord:
     model_fingerprint: str
     n_tokens: int
     updated: float
+    kv_shape: KVShape = UNKNOWN_SHAPE  # of the model the KB was prefilled with
     files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path → (sha256, size)
     variants: dict[str, dict] = field(default_factory=dict)  # variant → status row
     segments: list[SegmentRecord] = field(default_factory=list)  # of the requested variant
@@ -133,8 +145,15 @@ class Catalog:
     def _migrate(self) -> None:
         with self._tx() as db:  # in a transaction: two processes may open an old file at once
             for table, column, definition in MIGRATIONS:
-                if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                if column not in self._columns(db, table):
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            for table, column in DROPPED:
+                if column in self._columns(db, table):
+                    db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+
+    @staticmethod
+    def _columns(db, table: str) -> set[str]:
+        return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
 
     @contextmanager
     def _tx(self):
@@ -195,20 +214,24 @@ class Catalog:
                    (kb, variant, status, error, done, total, now))
 
     def publish(self, namespace: str, name: str, variant: str,
-                segments: list[SegmentRecord], *, model_fingerprint: str) -> list[str]:
+                segments: list[SegmentRecord], *, model_fingerprint: str,
+                kv_shape: KVShape = UNKNOWN_SHAPE) -> list[str]:
         """Atomically replace a variant's segments and mark it ready; returns pack ids no
-        longer referenced anywhere (the caller may delete them from the store)."""
+        longer referenced anywhere (the caller may delete them from the store). The base
+        variant also records the model it was prefilled with: fingerprint and KV shape."""
         with self._tx() as db:
             kb = self._kb_id(db, namespace, name)
             old = {r[0] for r in db.execute("SELECT pack_id FROM segments WHERE kb_id=? AND "
                                             "variant=?", (kb, variant))}
             db.execute("DELETE FROM segments WHERE kb_id=? AND variant=?", (kb, variant))
-            db.executemany("INSERT INTO segments VALUES (?,?,?,?,?,?,?,?)",
-                           [(kb, variant, s.idx, s.pack_id, s.pack_bytes, s.n_tokens, s.source,
-                             s.fp16_bytes) for s in segments])
+            db.executemany("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                           [(kb, variant, s.idx, s.pack_id, s.pack_bytes, s.n_tokens, s.source)
+                            for s in segments])
             if variant == BASE:
-                db.execute("UPDATE kbs SET model_fingerprint=?, n_tokens=?, updated=? WHERE id=?",
-                           (model_fingerprint, sum(s.n_tokens for s in segments), time.time(), kb))
+                db.execute("UPDATE kbs SET model_fingerprint=?, n_tokens=?, updated=?, "
+                           "n_layers=?, n_kv_heads=?, head_dim=? WHERE id=?",
+                           (model_fingerprint, sum(s.n_tokens for s in segments), time.time(),
+                            *kv_shape, kb))
             self._set_status(db, kb, variant, "ready", "", len(segments), len(segments),
                              time.time())
             return self._orphans(db, old)
@@ -233,9 +256,9 @@ class Catalog:
             db = self._db
             kb = self._kb_id(db, namespace, name)
             row = db.execute("SELECT namespace, name, mode, segment_tokens, codec, "
-                             "model_fingerprint, n_tokens, updated FROM kbs WHERE id=?",
-                             (kb,)).fetchone()
-            rec = KBRecord(*row)
+                             "model_fingerprint, n_tokens, updated, n_layers, n_kv_heads, "
+                             "head_dim FROM kbs WHERE id=?", (kb,)).fetchone()
+            rec = KBRecord(*row[:8], kv_shape=KVShape(*row[8:]))
             rec.files = {p: (sha, size) for p, sha, size in db.execute(
                 "SELECT path, sha256, size FROM files WHERE kb_id=? ORDER BY path", (kb,))}
             for v, status, error, done, total, updated in db.execute(
@@ -247,7 +270,7 @@ class Catalog:
                 raise NotFound(f"knowledge base {name!r} has no variant {variant!r}; it has "
                                f"{sorted(v or 'base' for v in rec.variants)}")
             rec.segments = [SegmentRecord(*r) for r in db.execute(
-                "SELECT idx, pack_id, pack_bytes, n_tokens, source, fp16_bytes FROM segments "
+                "SELECT idx, pack_id, pack_bytes, n_tokens, source FROM segments "
                 "WHERE kb_id=? AND variant=? ORDER BY idx", (kb, variant))]
             return rec
 

@@ -202,12 +202,13 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                 stored.append(enc.pack_id)
                 src = segments[enc.index].source
                 rows.append(SegmentRecord(enc.index, enc.pack_id, len(enc.data), enc.n_tokens,
-                                          src, enc.fp16_bytes))
+                                          src))
                 self.catalog.set_progress(ns, name, BASE, "ingesting", done=done,
                                           total=len(segments))
             rows.sort(key=lambda s: s.idx)
             for orphan in self.catalog.publish(ns, name, BASE, rows,
-                                               model_fingerprint=identity["fingerprint"]):
+                                               model_fingerprint=identity["fingerprint"],
+                                               kv_shape=identity["kv_shape"]):
                 self.store.delete(orphan)
             log.info("ingested %s/%s: %d segments", ns, name, len(rows))
         except Exception as err:  # noqa: BLE001 - recorded for the user, packs cleaned up
@@ -240,7 +241,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             segments_total=status["total"],
             segments=[pb.SegmentInfo(index=s.idx, pack_id=s.pack_id, pack_bytes=s.pack_bytes,
                                      n_tokens=s.n_tokens, source=s.source,
-                                     fp16_bytes=s.fp16_bytes) for s in rec.segments])
+                                     fp16_bytes=rec.kv_shape.fp16_bytes(s.n_tokens))
+                      for s in rec.segments])
 
     @rpc_errors
     def GetKB(self, request, context):

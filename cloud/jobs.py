@@ -273,7 +273,7 @@ class JobRunner:
                 self.store.put(outcome.pack_id, outcome.data)
                 stored.append(outcome.pack_id)
                 rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),
-                                          outcome.n_tokens, sources[idx], outcome.fp16_bytes))
+                                          outcome.n_tokens, sources[idx]))
                 job.compress_s += outcome.seconds
             job.done += 1
             self.catalog.put_job(job)

@@ -18,6 +18,7 @@ from functools import cached_property
 import torch
 
 from kvedge.cloud.ingest import TextSegment, make_segments
+from kvedge.common.pack.manifest import KVShape
 
 
 # SamKV's local Q cache (Eq. 1) enters the query vector as one pooled vector per head, so the
@@ -41,7 +42,6 @@ class EncodedSegment:
     pack_id: str
     data: bytes
     n_tokens: int
-    fp16_bytes: int
     seconds: float = 0.0
     # (digest, file bytes) of kvtc transforms the pack names that this worker has not shipped
     # before: a worker on another machine calibrates into its own transforms folder, and
@@ -79,7 +79,13 @@ class PrefillEngine:
     def identity(self) -> dict:
         cfg = self.loaded.config
         return {"fingerprint": self.loaded.fingerprint, "tokenizer_id": self.loaded.tokenizer_id,
-                "max_tokens": cfg.max_position_embeddings, "model": self.loaded.name}
+                "max_tokens": cfg.max_position_embeddings, "model": self.loaded.name,
+                "kv_shape": self.kv_shape}
+
+    @property
+    def kv_shape(self) -> KVShape:
+        """The model's KV per token, which every pack it encodes has."""
+        return KVShape(self.rt.n_layers, self.rt.n_kv, self.rt.head_dim)
 
     def segment(self, files: dict[str, str], segment_tokens: int,
                 whole: bool) -> list[TextSegment]:
@@ -107,7 +113,7 @@ class PrefillEngine:
                                    query_tokens=1, namespace=namespace, anchor=anchor)
         data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
-                              self.fp16_bytes(ctx.n_tokens), transforms=self._unshipped(data))
+                              transforms=self._unshipped(data))
 
     def _unshipped(self, data: bytes) -> tuple[tuple[str, bytes], ...]:
         """The transform files this pack names that this engine has not shipped yet (each
@@ -148,10 +154,6 @@ class PrefillEngine:
         res = self.rt.prefill(torch.tensor(self.anchor_ids), logits="none")
         return res.keys, res.values
 
-    def fp16_bytes(self, n_tokens: int) -> int:
-        """What n tokens' full KV takes in fp16: the yardstick every pack is measured against."""
-        return 2 * self.rt.n_layers * self.rt.n_kv * n_tokens * self.rt.head_dim * 2
-
     def compress(self, index: int, pack: bytes, method: str, budget: float,
                  codec: str) -> EncodedSegment:
         """Evict (query-agnostic) and re-encode one context's base pack."""
@@ -166,8 +168,7 @@ class PrefillEngine:
         ctx = evict_context(self.rt, read_pack(pack, self.loaded.fingerprint), method, budget)
         data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(index, pack_id(data), data, ctx.n_tokens,
-                              self.fp16_bytes(ctx.n_tokens), time.perf_counter() - start,
-                              self._unshipped(data))
+                              time.perf_counter() - start, self._unshipped(data))
 
 
 TASK_RETRIES = 3

@@ -5,6 +5,7 @@ import pytest
 
 from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord, variant_name
 from kvedge.common.errors import KvedgeError, NotFound
+from kvedge.common.pack.manifest import KVShape
 
 FILES = {"a.txt": ("aa" * 32, 10), "b.md": ("bb" * 32, 20)}
 FP = "f0" * 32
@@ -16,7 +17,7 @@ def pid(n: int) -> str:
 
 def seg(idx: int, pack: int, n_tokens: int = 100, source: str = "a.txt") -> SegmentRecord:
     return SegmentRecord(idx, pid(pack), pack_bytes=1000 + pack, n_tokens=n_tokens,
-                         source=source, fp16_bytes=4000 + pack)
+                         source=source)
 
 
 def ingest(cat: Catalog, ns: str, name: str, files=FILES, **kw) -> None:
@@ -62,6 +63,17 @@ def test_publish_makes_base_ready_with_segments_in_order(cat):
     assert (rec.model_fingerprint, rec.n_tokens) == (FP, 80)
     assert {k: rec.variants[BASE][k] for k in ("status", "done", "total")} == \
         {"status": "ready", "done": 2, "total": 2}
+
+
+def test_the_base_records_the_kv_shape_that_fp16_sizes_follow_from(cat):
+    ingest(cat, "ns", "kb")
+    assert cat.get("ns", "kb").kv_shape == (0, 0, 0)  # unknown before a publish
+    cat.publish("ns", "kb", BASE, [seg(0, 1, 50)], model_fingerprint=FP,
+                kv_shape=KVShape(30, 3, 64))
+    cat.publish("ns", "kb", "v", [seg(0, 2, 50)], model_fingerprint=FP)  # a variant: no shape
+    rec = cat.get("ns", "kb", "v")
+    assert rec.kv_shape == KVShape(30, 3, 64)
+    assert rec.kv_shape.fp16_bytes(rec.segments[0].n_tokens) == 50 * 30 * 3 * 64 * 2 * 2
 
 
 def test_reingest_keeps_old_segments_until_publish_and_returns_orphans(cat):
@@ -210,3 +222,44 @@ def test_everything_survives_reopening_the_file(tmp_path):
         assert again.names(None) == [("ns", "kb")]
     finally:
         again.close()
+
+
+OLD_TABLES = """
+CREATE TABLE kbs (
+    id INTEGER PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
+    mode TEXT NOT NULL DEFAULT 'rag', segment_tokens INTEGER NOT NULL DEFAULT 512,
+    codec TEXT NOT NULL DEFAULT 'fp16', model_fingerprint TEXT NOT NULL DEFAULT '',
+    n_tokens INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL, UNIQUE (namespace, name));
+CREATE TABLE segments (
+    kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, variant TEXT NOT NULL,
+    idx INTEGER NOT NULL, pack_id TEXT NOT NULL, pack_bytes INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL, source TEXT NOT NULL, fp16_bytes INTEGER NOT NULL,
+    PRIMARY KEY (kb_id, variant, idx));
+CREATE INDEX segments_by_pack ON segments(pack_id);
+CREATE TABLE variants (
+    kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, variant TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', done INTEGER NOT NULL DEFAULT 0,
+    total INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL, PRIMARY KEY (kb_id, variant));
+INSERT INTO kbs VALUES (1, 'ns', 'kb', 'rag', 512, 'fp16', 'f0', 100, 1.0);
+INSERT INTO segments VALUES (1, '', 0, 'aa', 1000, 100, 'a.txt', 4000);
+INSERT INTO variants VALUES (1, '', 'ready', '', 1, 1, 1.0);
+"""
+
+
+def test_a_catalog_that_stored_fp16_sizes_reads_and_takes_new_segments(tmp_path):
+    """Before the KV shape was recorded, each segment stored its fp16 size (NOT NULL, no
+    default): the column is dropped on opening and the old KB's shape reads unknown."""
+    path = tmp_path / "catalog.sqlite"
+    with sqlite3.connect(path) as old:
+        old.executescript(OLD_TABLES)
+    old.close()
+    cat = Catalog(path)
+    try:
+        rec = cat.get("ns", "kb")
+        assert rec.segments == [SegmentRecord(0, "aa", 1000, 100, "a.txt")]
+        assert rec.kv_shape == (0, 0, 0)
+        cat.publish("ns", "kb", BASE, [seg(0, 1)], model_fingerprint=FP,
+                    kv_shape=KVShape(2, 1, 8))
+        assert cat.get("ns", "kb").kv_shape == (2, 1, 8)
+    finally:
+        cat.close()

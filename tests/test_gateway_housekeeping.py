@@ -118,7 +118,7 @@ def catalog_with_kb(path) -> Catalog:
     catalog = Catalog(path)
     catalog.begin_ingest("ns", "kb", {"a.md": ("0" * 64, 1)}, mode="rag", segment_tokens=32,
                          codec="fp16")
-    catalog.publish("ns", "kb", BASE, [SegmentRecord(0, "ab" * 32, 10, 5, "a.md", 20)],
+    catalog.publish("ns", "kb", BASE, [SegmentRecord(0, "ab" * 32, 10, 5, "a.md")],
                     model_fingerprint="f")
     return catalog
 

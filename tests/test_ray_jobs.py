@@ -187,7 +187,7 @@ def test_a_job_whose_base_pack_is_gone_fails_instead_of_running_forever(tmp_path
     catalog = Catalog(tmp_path / "catalog.sqlite")
     catalog.begin_ingest("default", "kb", {"a.md": ("0" * 64, 1)}, mode="rag",
                          segment_tokens=32, codec="fp16")
-    catalog.publish("default", "kb", "", [SegmentRecord(0, "ab" * 32, 10, 5, "a.md", 20)],
+    catalog.publish("default", "kb", "", [SegmentRecord(0, "ab" * 32, 10, 5, "a.md")],
                     model_fingerprint="f")
     runner = JobRunner(catalog, PackStore(str(tmp_path / "store")), pool=None)  # never reached
     job = runner.submit("default", ["kb"], "none", 1.0, "int8")

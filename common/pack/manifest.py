@@ -1,12 +1,12 @@
 """The pack manifest: what a pack holds, as canonical JSON. Torch-free (STYLE.md rule 2).
 
 A manifest names the model the KV belongs to, the context's tokens and original positions,
-its segments, and — because eviction makes a pack ragged (DESIGN.md decision 2) — for every
+its segments, and — because eviction makes a pack ragged (docs/design.md, decision 2) — for every
 (layer, KV head) the sorted original positions that head keeps. Position lists are stored as
 runs `[first, count]` of consecutive positions: a dense pack costs a few bytes per head
 instead of a few bytes per token, and nothing is padded.
 
-How the KV was prefilled (DESIGN.md decision 9) is `anchor`: the token ids the context sat
+How the KV was prefilled (docs/design.md, decision 9) is `anchor`: the token ids the context sat
 behind when it was prefilled (at positions -len(anchor)..-1; its own positions are unchanged),
 empty when it was prefilled alone from position 0. It is written only when non-empty, so a pack
 prefilled alone has the same bytes (and id) as before the field existed, and a pack without it
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvedge.common.pack.errors import PackCorrupt, PackVersionError
 
@@ -44,6 +45,19 @@ def part_nbytes(dtype: str, shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+class KVShape(NamedTuple):
+    """A model's KV cache per token: layers × KV heads × head dim (a manifest's `shape`)."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+
+    def fp16_bytes(self, n_tokens: int) -> int:
+        """What n tokens' full KV takes in fp16 — K and V, 2 bytes an element: the yardstick
+        every pack's size is measured against."""
+        return n_tokens * self.n_layers * self.n_kv_heads * self.head_dim * 2 * 2
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,10 @@ class Manifest:
     @property
     def n_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def kv_shape(self) -> KVShape:
+        return KVShape(self.n_layers, self.n_kv_heads, self.head_dim)
 
     def n_kept(self, layer: int, head: int) -> int:
         return len(self.kept[layer][head])
