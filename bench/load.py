@@ -48,7 +48,7 @@ class LocalCloud:
             n_tokens=sum(e.n_tokens for e in encoded),
             segments=[pb.SegmentInfo(index=e.index, pack_id=e.pack_id, pack_bytes=len(e.data),
                                      n_tokens=e.n_tokens, source=s.source,
-                                     fp16_bytes=e.fp16_bytes)
+                                     fp16_bytes=engine.kv_shape.fp16_bytes(e.n_tokens))
                       for s, e in zip(segments, encoded)])
 
     def get_kb(self, namespace: str, kb: str, variant: str = "") -> pb.KBInfo:
@@ -191,9 +191,10 @@ def table(rounds: list[Round]) -> str:
 
 def unbatched_round(state: Path, model: str, questions: list[str], per_client: int,
                     strategy: str = "", top_k: int = 3, max_new_tokens: int = 48) -> Round:
-    """One client the way the edge answered before batching, for reference: in this process,
-    `EdgeEngine.retrieve` then `EdgeEngine.answer` (no scheduler, one token per forward) over
-    the same synced KB and questions; TTFT from retrieval to the first piece."""
+    """One client without the daemon, for reference: in this process, `EdgeEngine.retrieve`
+    then `EdgeEngine.answer` (the served path: the scheduler, here without padding rows, so a
+    lone request's decode step is one row as before batching) over the same synced KB and
+    questions; TTFT from retrieval to the first piece."""
     from kvedge.common.model.models import load_model
     from kvedge.edge.engine import EdgeEngine
     from kvedge.edge.packcache import PackCache
@@ -201,7 +202,8 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     from kvedge.edge.sync import Target
 
     loaded = load_model(model)
-    engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state)
+    engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state,
+                        batch_invariant=False)
     chosen = get_strategy(strategy or DEFAULT_STRATEGY)  # what the edge's rounds used
     target = Target("default", "load")
 
@@ -214,7 +216,7 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
         return first, event["tokens"], event["answer"]
 
     one(questions[0])  # first-use costs out of the round
-    result, began = Round(1, "1, unbatched"), time.perf_counter()
+    result, began = Round(1, "1, in process, unpadded"), time.perf_counter()
     for question in questions[:per_client]:
         result.add(question, *one(question))
     result.wall_s = time.perf_counter() - began
@@ -224,12 +226,12 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
-    scheduler's batched step at each batch size, and `Runtime.forward` of one token (the
-    unbatched path, `EdgeEngine.answer`) — where the throughput of a batch comes from."""
+    scheduler's batched step at each batch size, and `Runtime.forward` of one token (how a
+    request decoded alone before batching) — where the throughput of a batch comes from."""
     import torch
 
     from kvedge.common.model.batch import decode_step
-    from kvedge.common.model.generate import Decoding
+    from kvedge.common.model.decoding import Decoding, Prompt
     from kvedge.common.model.models import load_model
     from kvedge.common.model.runtime import Runtime
 
@@ -240,7 +242,8 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
 
     def request() -> Decoding:
         cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=steps + 2)
-        return Decoding.start(rt, cache, ids[context:], torch.tensor([context]), steps + 2)
+        return Decoding.start(rt, Prompt(cache, ids[context:], torch.tensor([context])),
+                              steps + 2)
 
     def timed(step) -> float:
         step()  # warm
@@ -266,7 +269,7 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
              per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
              unbatched: bool = True, **ask) -> list[Round]:
     """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
-    then (`unbatched`) the one-client reference round without the scheduler. In `work`
+    then (`unbatched`) the one-client reference round without the daemon. In `work`
     (kept, and its synced KB reused by the next run) or a temporary folder."""
     from kvedge.apps.demo import free_port, start
     from kvedge.edge.sync import Target, manifest_path

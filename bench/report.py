@@ -225,15 +225,15 @@ def breakdown_table(rows: list[dict]) -> list[str]:
     if not timed:
         return []
     head = ["task", "length", "setting", "pack load", "plan (cache assembly)",
-            "forward (recompute)", "· layers over all tokens", "· layers over the chosen",
-            "· selection", "first token (LM head + pick)", "sum", "engine TTFT",
+            "forward to the first token", "· layers over all tokens",
+            "· layers over the chosen", "· selection", "sum", "engine TTFT",
             "recompute TTFT", "q"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(timed, key=lambda r: (task_label(r), r["length"], setting(r))):
         b = r["breakdown"]
         ms = [_fmt(b.get(k), ".0f", 1e3) for k in (
             "load_s", "plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
-            "first_token_s", "phases_ttft_s", "engine_first_token_s")]
+            "phases_ttft_s", "engine_first_token_s")]
         out.append("| " + " | ".join(map(str, [
             task_label(r), r["length"], setting(r), *ms,
             _fmt(r.get("ceiling_first_token_s_median"), ".0f", 1e3), b["questions"]])) + " |")

@@ -44,7 +44,7 @@ METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shippe
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes")
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
-          "first_token_s", "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
+          "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
 PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
                 "documents", "tokens", "new_tokens")
 

@@ -1,21 +1,22 @@
 """Where a reuse strategy's time to first token goes, timed around the edge's own calls.
 
-`EdgeEngine.answer` times the first token as one span: the strategy's `plan` (cache assembly:
-every segment's keys rotated to its composed positions, plus whatever the strategy decides
-before running) and `generate`'s first step (one `Runtime.forward` over the plan's tokens,
-then the first token's pick). This replays that first step call by call — the same plan, the
-same forward arguments, the same greedy pick — with a clock between the calls:
+The edge runs a plan to its first token with `Decoding.start` (the strategy's `plan`: cache
+assembly, every segment's keys rotated to its composed positions, plus whatever the strategy
+decides before running; then one `Runtime.forward` over the plan's tokens, the first token's
+pick and the plan's `after_first` step). This runs that same call on the same plan, with
+clocks in wrappers around the plan's own per-layer hooks — nothing is re-implemented:
 
 - `plan_s`: `strategy.plan(...)` and the cache's assembly to its last layer (every segment's
   layers realigned: the edge's loader builds them on a thread while the forward runs, so
   without the wait its time would hide in the forward's stalls);
-- `forward_s`: the forward through every layer (the recompute), split by layer into
+- `forward_s`: `Decoding.start` — the forward through every layer (the recompute), the LM
+  head, the first token's pick and `after_first` (A3's SnapKV eviction) — split by layer into
   `full_layers_s` (layers that run every token after the chat prefix — A3's blocks 0..ℓ, all
   of recompute's) and `sparse_layers_s` (layers that run a subset: the chosen tokens and the
-  fresh ones — A3 from ℓ+1 on, every layer of a static plan such as legolink's);
-  `select_s`, inside it, is the strategy's selection (its `observe` hook; absent for a plan
-  with none: a static plan's selection is position arithmetic inside `plan_s`);
-- `first_token_s`: the LM head on the last position and the greedy pick.
+  fresh ones — A3 from ℓ+1 on, every layer of a static plan such as legolink's), the last
+  layer's span running to the end of the call; `select_s`, inside it, is the strategy's
+  selection (its `observe` hook; absent for a plan with none: a static plan's selection is
+  position arithmetic inside `plan_s`).
 
 `phases_ttft_s` is their sum, to set beside the engine's own first_token_s of the same
 question (the two differ by clock noise, by the plan being built twice, and by the loader's
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import time
 
-from kvedge.common.model.generate import GREEDY
+from dataclasses import replace
+
+from kvedge.common.model.decoding import Decoding
 
 
 def _timed_observe(observe, spent: list[float]):
@@ -60,24 +63,21 @@ def ttft_phases(rt, composed, strategy, max_new_tokens: int) -> dict[str, float]
     planned = time.perf_counter()
     selecting: list[float] = []
     marks: list[tuple[float, int]] = []
-    seq_len = plan.cache.seq_len or int(plan.run_positions[-1]) + 1 + max_new_tokens
-    out = rt.forward(plan.run_ids, plan.run_positions, plan.cache,
-                     _timed_active(plan.active, marks), logits="none",
-                     observe=_timed_observe(plan.observe, selecting), seq_len=seq_len)
-    forwarded = time.perf_counter()
-    GREEDY.pick(rt._logits(out.hidden, "last")[-1])  # as forward(logits="last") would
+    timed = replace(plan, active=_timed_active(plan.active, marks),
+                    observe=_timed_observe(plan.observe, selecting))
+    Decoding.start(rt, timed, max_new_tokens)
     done = time.perf_counter()
-    phases = {"plan_s": planned - start, "forward_s": forwarded - planned,
-              "first_token_s": done - forwarded, "phases_ttft_s": done - start}
+    phases = {"plan_s": planned - start, "forward_s": done - planned, "phases_ttft_s": done - start}
     if plan.observe is not None:
         phases["select_s"] = sum(selecting)
     after_prefix = composed.seq_len() - composed.n_prefix  # every token but the chat prefix
-    return {**phases, **_layer_split(marks, after_prefix, forwarded)}
+    return {**phases, **_layer_split(marks, after_prefix, done)}
 
 
 def _layer_split(marks: list[tuple[float, int]], n_all: int, end: float) -> dict[str, float]:
     """Seconds in layers that ran all `n_all` tokens vs. a subset (from each layer's start,
-    `marks`: (time, tokens run); the final norm counts with the last layer)."""
+    `marks`: (time, tokens run); what follows the last layer — the final norm, the LM head, the
+    pick and `after_first` — counts with it)."""
     if not marks:
         return {}
     starts = [at for at, _ in marks] + [end]
@@ -120,9 +120,7 @@ def loading_ttft(engine, files: list, fingerprint: str, strategy, question: str,
     if mode == "compute":
         start = time.perf_counter()
     stalled = getattr(plan.cache, "stalled_s", 0.0)
-    out = rt.forward(plan.run_ids, plan.run_positions, plan.cache, plan.active, logits="none",
-                     observe=plan.observe, seq_len=plan.cache.seq_len)
-    GREEDY.pick(rt._logits(out.hidden, "last")[-1])
+    Decoding.start(rt, plan, max_new_tokens)
     return {"ttft_s": time.perf_counter() - start,
             "stalled_s": getattr(plan.cache, "stalled_s", 0.0) - stalled}
 

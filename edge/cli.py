@@ -34,7 +34,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
     """Answer one chat prompt locally with the runtime, streaming tokens."""
     import torch
 
-    from kvedge.common.model.generate import Sampler, generate
+    from kvedge.common.model.decoding import Sampler
+    from kvedge.common.model.generate import generate
     from kvedge.common.model.models import load_model
     from kvedge.common.model.runtime import Runtime
     from kvedge.common.model.textstream import TextStream

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
-from kvedge.common.model.generate import GREEDY, Decoding, Sampler
+from kvedge.common.model.decoding import GREEDY, Decoding, Sampler
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
@@ -60,11 +60,11 @@ class _KB:
 
 
 class EdgeEngine:
-    """Answers questions about synced KBs. `ask` (the services) goes through the scheduler:
-    concurrent asks share decode steps, up to `max_batch` at once and `max_queue` waiting,
-    and with `batch_invariant` an answer is the same whatever shares its steps
-    (kvedge.common.model.batch.ROW_MULTIPLE); `answer` (the benchmark) runs one composed prompt
-    alone on the caller's thread."""
+    """Answers questions about synced KBs through the scheduler: concurrent answers share
+    decode steps, up to `max_batch` at once and `max_queue` waiting, and with
+    `batch_invariant` an answer is the same whatever shares its steps
+    (kvedge.common.model.batch.ROW_MULTIPLE). `ask` (the services) retrieves and composes;
+    `answer` (the benchmark) takes a prompt the caller composed and runs it the same way."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  max_batch: int = 16, max_queue: int = 64, batch_invariant: bool = True):
@@ -108,27 +108,14 @@ class EdgeEngine:
 
     def answer(self, composed: Composed, strategy, max_new_tokens: int, *,
                sampler: Sampler = GREEDY, stop: Sequence[str] = ()) -> Iterator[str | dict]:
-        """Plan with `strategy`, decode with `sampler` until the end of the turn, a `stop`
-        string (left out of the answer) or `max_new_tokens`; yield answer pieces, then a dict
-        of what it cost (times are relative to the call; plan building counts toward the
-        first token)."""
-        from kvedge.common.model.generate import generate
-
-        start = time.perf_counter()
-        plan = strategy.plan(self.rt, composed, reserve=max_new_tokens)
-        text = _Transcript(self.tok, stop)
-        for token in generate(self.rt, plan.cache, plan.run_ids, plan.run_positions,
-                              max_new_tokens, sampler=sampler, stop_ids=(text.eos,),
-                              active=plan.active, observe=plan.observe,
-                              after_first=plan.after_first):
-            piece, done = text.push(token)
-            if piece:
-                yield piece
-            if done:
-                break
-        if rest := text.stops.flush():
-            yield rest
-        yield text.costs(start, plan, composed)
+        """The served path for a prompt composed by the caller (the benchmark): plan with
+        `strategy`, run through the scheduler as `ask` does, decode with `sampler` until the
+        end of the turn, a `stop` string (left out of the answer) or `max_new_tokens`; yield
+        answer pieces, then a dict of what it cost (times are relative to the call; plan
+        building counts toward the first token)."""
+        job = _Answer(self.tok, composed, strategy, max_new_tokens, sampler, stop,
+                      time.perf_counter(), None, None)
+        yield from self.scheduler.submit(job).events()
 
     def check_request(self, question: str, top_k: int, max_new_tokens: int,
                       stop: Sequence[str] = ()) -> None:
@@ -185,11 +172,14 @@ class EdgeEngine:
             for m in metas:
                 self.cache.recheck(m["pack_id"])
             raise
-        yield AskResult(event["answer"], event["first_token_s"], event["tpot_s"],
-                        event["tokens"], [m["index"] for m in metas],
-                        sum(m["pack_bytes"] for m in metas), sum(m["fp16_bytes"] for m in metas),
-                        chosen.name, event["prompt_tokens"], event["recomputed"],
-                        event["kv_bytes"], event["sequence_ratio"], event["finish_reason"])
+        yield AskResult(
+            answer=event["answer"], ttft_s=event["first_token_s"], tpot_s=event["tpot_s"],
+            tokens=event["tokens"], segments=[m["index"] for m in metas],
+            bytes_loaded=sum(m["pack_bytes"] for m in metas),
+            fp16_bytes=sum(m["fp16_bytes"] for m in metas), strategy=chosen.name,
+            prompt_tokens=event["prompt_tokens"], recomputed_tokens=event["recomputed"],
+            kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
+            finish_reason=event["finish_reason"])
 
     def retrieve(self, target: Target, question: str, top_k: int = 3,
                  max_new_tokens: int = 48, granular: bool = False) -> tuple[list[dict], Composed]:
@@ -247,8 +237,8 @@ class _Transcript:
 
 
 class _Answer(Job):
-    """One ask in the scheduler: the strategy's plan and the prompt's forward when it starts,
-    then the text pieces, then the costs dict (as `EdgeEngine.answer` yields them)."""
+    """One answer in the scheduler (`EdgeEngine.ask` and `EdgeEngine.answer`): the strategy's
+    plan run to its first token when it starts, then the text pieces, then the costs dict."""
 
     def __init__(self, tok, composed: Composed, strategy, max_new_tokens: int, sampler: Sampler,
                  stop: Sequence[str], start: float, deadline: float | None,
@@ -259,11 +249,9 @@ class _Answer(Job):
         self.text = _Transcript(tok, stop)
 
     def start(self, rt) -> Decoding:
-        plan = self.plan = self.strategy.plan(rt, self.composed, reserve=self.max_new_tokens)
-        return Decoding.start(rt, plan.cache, plan.run_ids, plan.run_positions,
-                              self.max_new_tokens, sampler=self.sampler,
-                              stop_ids=(self.text.eos,), active=plan.active,
-                              observe=plan.observe, after_first=plan.after_first)
+        self.plan = self.strategy.plan(rt, self.composed, reserve=self.max_new_tokens)
+        return Decoding.start(rt, self.plan, self.max_new_tokens, sampler=self.sampler,
+                              stop_ids=(self.text.eos,))
 
     def on_token(self, token: int) -> bool:
         piece, done = self.text.push(token)

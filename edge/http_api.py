@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException
 
 from kvedge.common.net.auth import Principal, TokenStore
 from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, NotFound
-from kvedge.common.model.generate import Sampler
+from kvedge.common.model.decoding import Sampler
 from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.common.net.metrics import RequestLog, RequestLogMiddleware, request_log
 from kvedge.edge.engine import MAX_NEW_TOKENS, MAX_TOP_K, AskResult, EdgeEngine

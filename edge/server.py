@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvedge.common.net.auth import TokenStore, check_name, write_secret
 from kvedge.common.errors import Cancelled, DeadlineExceeded
-from kvedge.common.model.generate import Sampler
+from kvedge.common.model.decoding import Sampler
 from kvedge.common.net.metrics import request_log
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc

@@ -17,7 +17,7 @@ from kvedge.bench.load import sync_local_kb
 from kvedge.cloud.workers import PrefillEngine
 from kvedge.common.model.batch import decode_logits, decode_step
 from kvedge.common.errors import CacheError, Cancelled, DeadlineExceeded
-from kvedge.common.model.generate import Decoding, Sampler
+from kvedge.common.model.decoding import Decoding, Prompt, Sampler
 from kvedge.common.model.models import load_model
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
@@ -52,7 +52,7 @@ def started(rt, kind, n_context, seed):
         half = n_context // 2
         held = torch.cat([everything[:half], everything[half:] + 12])
         cache = rt.dense_cache(pre.keys, pre.values, held, reserve=8)
-        return Decoding.start(rt, cache, ids[n_context:][:1], torch.tensor([half]), 11)
+        return Decoding.start(rt, Prompt(cache, ids[n_context:][:1], torch.tensor([half])), 11)
     if kind == "ragged":
         keep = [[everything[::h + 1] for h in range(rt.n_kv)] for _ in range(rt.n_layers)]
         split = [[[x[h, kept] for h, kept in enumerate(k)] for x, k in zip(xs, keep)]
@@ -60,7 +60,8 @@ def started(rt, kind, n_context, seed):
         cache = rt.ragged_cache(*split, keep, reserve=8, extent=everything)
     else:
         cache = rt.dense_cache(pre.keys, pre.values, everything, reserve=8)
-    return Decoding.start(rt, cache, ids[n_context:], torch.arange(n_context, n_context + 3), 8)
+    return Decoding.start(rt, Prompt(cache, ids[n_context:],
+                                     torch.arange(n_context, n_context + 3)), 8)
 
 
 # requests of different lengths and kinds, sharing steps (31 > tiny-mistral's window of 24)

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from conftest import TINY, tiny_runtime
-from kvedge.common.model.generate import Sampler, generate, greedy_answer
+from kvedge.common.model.decoding import Sampler
+from kvedge.common.model.generate import generate, greedy_answer
 from kvedge.common.model.verify import _decode_diff
 
 

@@ -4,7 +4,8 @@ import torch
 
 from conftest import TINY, tiny_runtime
 from kvedge.common.errors import ActiveSetError, CacheError
-from kvedge.common.model.generate import Sampler, generate
+from kvedge.common.model.decoding import Sampler
+from kvedge.common.model.generate import generate
 from kvedge.common.model.kvcache import Extent, KVCache
 from kvedge.common.pack.context import KVContext
 from kvedge.common.model.runtime import LayerCapture, Runtime

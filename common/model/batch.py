@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from kvedge.common.model.attention import visible
 from kvedge.common.errors import CacheError
-from kvedge.common.model.generate import Decoding
+from kvedge.common.model.decoding import Decoding
 from kvedge.common.model.kvcache import LayerKV
 from kvedge.common.model.runtime import Runtime, rms_norm
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvedge.common.model.batch import decode_step
+from kvedge.common.model.decoding import Decoding, Prompt
 from kvedge.common.model.runtime import Runtime
 
 TOLERANCE = 1e-4  # max |Δlogits| in fp32
@@ -71,7 +73,7 @@ def verify_runtime(rt: Runtime, n_tokens: int = 96, decode_steps: int = 8, seed:
     checks.append(Check(f"partial recompute ({subset.numel()} → {out.positions.numel()} tokens)",
                         _diff(out.logits, ref[out.positions]), tolerance))
 
-    checks.append(Check(f"{decode_steps} greedy decode steps",
+    checks.append(Check(f"first token + {decode_steps} greedy decode steps (the served path)",
                         _decode_diff(rt, ids, decode_steps), tolerance))
     return checks
 
@@ -92,22 +94,23 @@ def _interleaved_diff(rt: Runtime, ids: torch.Tensor, ref: torch.Tensor) -> floa
 
 
 def _decode_diff(rt: Runtime, ids: torch.Tensor, steps: int) -> float:
-    """Decode greedily with the runtime; compare each step to transformers with its own cache."""
+    """Decode greedily the way the edge serves — `Decoding.start` over a prefilled cache, then
+    the scheduler's batched `decode_step` (its padded rows included) — and compare each
+    step's logits to transformers decoding the same tokens with its own cache."""
     from transformers import DynamicCache
 
     n = ids.numel()
-    cache = rt.prefill(ids).cache
+    cache = rt.prefill(ids[:-1], logits="none").cache
+    state = Decoding.start(rt, Prompt(cache, ids[-1:], torch.tensor([n - 1])), steps + 1)
     hf_cache = DynamicCache(config=rt.config)
     with torch.no_grad():
         hf = rt.model(ids[None], past_key_values=hf_cache, use_cache=True).logits[0, -1]
-    ours = rt.forward(ids[-1:], torch.tensor([n - 1]), cache).logits[0]  # recompute last token
-    worst = _diff(ours, hf)
+    worst = _diff(state.logits, hf)
     for step in range(steps):
-        token = int(torch.argmax(hf))
-        pos = n + step
-        ours = rt.forward(torch.tensor([token]), torch.tensor([pos]), cache).logits[0]
+        token = state.token
+        decode_step(rt, [state])
         with torch.no_grad():
             hf = rt.model(torch.tensor([[token]]), past_key_values=hf_cache, use_cache=True,
-                          position_ids=torch.tensor([[pos]])).logits[0, -1]
-        worst = max(worst, _diff(ours, hf))
+                          position_ids=torch.tensor([[n + step]])).logits[0, -1]
+        worst = max(worst, _diff(state.logits, hf))
     return worst

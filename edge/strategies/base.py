@@ -13,9 +13,9 @@ from typing import Callable, ClassVar
 
 import torch
 
-from kvedge.common.model.kvcache import KVCache, LayerKV
+from kvedge.common.model.decoding import Prompt
+from kvedge.common.model.kvcache import KVCache
 from kvedge.common.registry import validate
-from kvedge.common.model.runtime import ActivePlan, Observer
 from kvedge.edge.loader import load_cache
 
 
@@ -99,15 +99,12 @@ class Composed:
 
 
 @dataclass
-class Plan:
-    cache: list[LayerKV]
-    run_ids: torch.Tensor               # (N,) tokens run at layer 0
-    run_positions: torch.Tensor         # (N,) their positions, strictly increasing
-    active: ActivePlan | None = None    # per-layer positions, or decided layer by layer
+class Plan(Prompt):
+    """A strategy's answer to a composed prompt: the `Prompt` the runtime runs to the first
+    token (`Decoding.start`: cache, tokens run at layer 0, per-layer active sets, `observe`
+    and `after_first` hooks) and what it costs."""
+
     recomputed: int = 0                 # context tokens recomputed at full depth
-    observe: Observer | None = None     # what the plan watches while it runs (selection)
-    after_first: Callable[[KVCache], None] | None = None  # on the cache once the first token
-    #                                     is picked, before decoding (A3's SnapKV eviction)
 
 
 @dataclass
