@@ -60,3 +60,29 @@ def test_the_edge_command_loads_no_cloud_or_bench_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert out.strip() == "['common', 'edge', 'kernels']" or out.strip() == "['common', 'edge']"
+
+
+def runtime_privates() -> set[str]:
+    """The names of `Runtime`'s private methods and attributes (`_x`, not dunders)."""
+    tree = ast.parse((ROOT / "common" / "model" / "runtime.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Runtime")
+    names = {n.name for n in ast.walk(cls) if isinstance(n, ast.FunctionDef)}
+    names |= {t.attr for n in ast.walk(cls) if isinstance(n, ast.Assign) for t in n.targets
+              if isinstance(t, ast.Attribute)}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_nothing_outside_the_runtime_touches_its_privates():
+    """The runtime's contract is its public methods (forward, prefill, layer, ...): one
+    execution path (`Decoding.start`) for everything that answers, none re-implemented."""
+    private = runtime_privates()
+    assert "_logits" in private
+    found = []
+    for package in LAYER:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == ROOT / "common" / "model" / "runtime.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr in private:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert found == []
