@@ -4,6 +4,7 @@ import torch
 
 from kvedge.common.pack.codecs import (CacheGen, IntCodec, Role, Zstd, codec_names, get_codec,
                                        parse_spec, split_specs)
+from kvedge.common.pack.codecs.specs import Spec, parse
 from kvedge.common.pack.errors import InvalidCodecOption, UnknownCodec
 from kvedge.kernels.quant import QuantizedTensor, pack_codes, quantize, unpack_codes
 
@@ -142,6 +143,29 @@ def test_options_from_a_command_line_are_converted_and_checked():
             get_codec("int4", **bad)
     with pytest.raises(InvalidCodecOption, match="layer_bits"):
         get_codec("cachegen", layer_bits="((")
+
+
+def test_a_spec_is_parsed_once_and_each_caller_gets_its_own_options():
+    assert parse("kvtc+zstd:bits=2") is parse("kvtc+zstd:bits=2")
+    assert parse("kvtc+zstd:bits=2") == Spec("kvtc", ("zstd",), (("bits", "2"),))
+    assert parse("kvtc+zstd:bits=2").name == "kvtc+zstd"
+    parse_spec("int4:key_group=16")[1]["key_group"] = "8"
+    assert parse_spec("int4:key_group=16") == ("int4", {"key_group": "16"})
+
+
+def test_a_pack_builds_each_codec_once_not_once_per_tensor(monkeypatch):
+    from kvedge.common.pack import format as pack_format
+    from kvedge.common.pack.context import KVContext
+
+    keys = [kv_like(8, 16, seed=layer).reshape(2, 4, 16) for layer in range(3)]
+    ctx = KVContext.from_dense(keys, keys, list(range(4)), model_fingerprint="ab",
+                               tokenizer_id="cd")
+    pack = pack_format.open_pack(pack_format.encode_pack(ctx, "int4+zstd"))
+    built = []
+    monkeypatch.setattr(pack_format, "get_codec", lambda spec: built.append(spec) or
+                        get_codec(spec))
+    pack.context()
+    assert sorted(built) == ["fp16", "int4+zstd"]  # 12 KV tensors, 3 block summaries
 
 
 def test_a_list_of_specs_splits_where_a_codec_starts_not_between_its_options():

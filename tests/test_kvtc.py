@@ -146,10 +146,10 @@ def test_embedded_slice_is_checksummed(transform):
 
 def test_codec_for_model_calibrates_once(tmp_path, monkeypatch):
     from kvedge.common.model.models import load_model
-    from kvedge.common.pack.codecs import kvtc
+    from kvedge.common.pack.codecs.kvtc import fit
     from kvedge.common.model.runtime import Runtime
 
-    monkeypatch.setattr(kvtc, "CALIBRATION_TEXT", kvtc.CALIBRATION_TEXT[:600])  # test speed
+    monkeypatch.setattr(fit, "CALIBRATION_TEXT", fit.CALIBRATION_TEXT[:600])  # test speed
     rt = Runtime(load_model("tiny-llama"))
     store = TransformStore(tmp_path)
     codec = codec_for_model("kvtc:bits=1.5", rt, store)
@@ -158,7 +158,10 @@ def test_codec_for_model_calibrates_once(tmp_path, monkeypatch):
     assert store.for_model(rt.loaded.fingerprint) == codec.transform
     again = codec_for_model("kvtc+zstd", rt, store)
     assert again.inner.transform == codec.transform  # loaded, not fitted again
-    assert codec_for_model("int4+zstd", rt, store) == "int4+zstd"
+    given = get_codec("kvtc+zstd")
+    assert codec_for_model(given, rt, store).inner.transform == codec.transform
+    assert given.inner.transform == ""  # a bound copy: the caller's codec is left as it was
+    assert codec_for_model("int4+zstd", rt, store) == "int4+zstd"  # not built: needs no model
 
 
 def test_options_are_checked():
@@ -176,11 +179,11 @@ def test_a_worker_encodes_kvtc_with_the_models_transform(tmp_path, monkeypatch):
     (calibrated on first use), the pack decodes from its bytes alone (embedded)."""
     from kvedge.cloud.ingest import TextSegment
     from kvedge.cloud.workers import PrefillEngine
-    from kvedge.common.pack.codecs import kvtc
+    from kvedge.common.pack.codecs.kvtc import fit
     from kvedge.common.pack.format import read_pack
 
     monkeypatch.setenv("KVEDGE_HOME", str(tmp_path))
-    monkeypatch.setattr(kvtc, "CALIBRATION_TEXT", kvtc.CALIBRATION_TEXT[:600])  # test speed
+    monkeypatch.setattr(fit, "CALIBRATION_TEXT", fit.CALIBRATION_TEXT[:600])  # test speed
     engine = PrefillEngine("tiny-llama")
     ids = engine.loaded.tokenizer("The lighthouse keeper counted 42 boats.")["input_ids"] * 6
     encoded = engine.encode(TextSegment(0, "a.txt", "", ids), "default", "kvtc:bits=2")

@@ -18,8 +18,8 @@ from kvedge.common.net.auth import PermissionDenied, Unauthenticated
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.net.edge_client import EdgeClient
 from kvedge.common.errors import NotFound
-from kvedge.common.pack.codecs import get_codec, kvtc
-from kvedge.common.pack.codecs.kvtc import (TransformStore, default_store, fit_transform,
+from kvedge.common.pack.codecs import get_codec
+from kvedge.common.pack.codecs.kvtc import (TransformStore, default_store, fit, fit_transform,
                                             referenced_transforms)
 from kvedge.common.pack.container import read_manifest
 from kvedge.common.pack.context import KVContext
@@ -46,7 +46,7 @@ def cloud(tmp_path_factory):
         (folder / name).write_text(text)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVEDGE_HOME", str(home))
-        mp.setattr(kvtc, "CALIBRATION_TEXT", kvtc.CALIBRATION_TEXT[:600])  # test speed
+        mp.setattr(fit, "CALIBRATION_TEXT", fit.CALIBRATION_TEXT[:600])  # test speed
         engine = PrefillEngine(MODEL)
         server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48),
                                       "127.0.0.1:0", pool=LocalPool(engine))
@@ -213,7 +213,7 @@ def test_a_transform_calibrated_on_a_worker_elsewhere_is_shipped_to_the_gateway(
     installs it (checked) before storing the pack, for ingests and for jobs."""
     worker_home, gateway_home = tmp_path / "worker", tmp_path / "gateway"
     monkeypatch.setenv("KVEDGE_HOME", str(gateway_home))
-    monkeypatch.setattr(kvtc, "CALIBRATION_TEXT", kvtc.CALIBRATION_TEXT[:600])
+    monkeypatch.setattr(fit, "CALIBRATION_TEXT", fit.CALIBRATION_TEXT[:600])
     engine = PrefillEngine(MODEL)
     folder = tmp_path / "kb"
     folder.mkdir()

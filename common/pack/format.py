@@ -9,7 +9,7 @@ ModelMismatch (checked before any tensor is decoded).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -129,6 +129,10 @@ class Pack:
 
     data: bytes
     container: Container
+    # spec → codec: a pack's tensors share one or two specs (k/v heads, side tensors), so
+    # each is built once per pack, not once per tensor
+    _codecs: dict[str, Codec] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
 
     @property
     def manifest(self) -> Manifest:
@@ -158,11 +162,16 @@ class Pack:
 
     def _decode(self, name: str, how):
         entry = self.manifest.tensors[name]
-        codec = get_codec(entry.codec)
+        codec = self._codec(entry.codec)
         parts = {p: _to_torch(raw) for p, raw in self.container.tensor_parts(name)}
         with _decoding(name):
             self._check_params(name, entry)
             return how(codec, parts, entry.params)
+
+    def _codec(self, spec: str) -> Codec:
+        if spec not in self._codecs:
+            self._codecs[spec] = get_codec(spec)
+        return self._codecs[spec]
 
     def _check_params(self, name: str, entry: TensorEntry) -> None:
         if list(entry.params.get("shape", ())) != list(self.manifest.expected_shape(name)):

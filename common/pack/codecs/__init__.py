@@ -2,7 +2,7 @@
 
 `base` (the contract, `Role`, the registries), `floats` (fp16, bf16, fp32), `kivi` (int8,
 int4, int3, int2), `cachegen`, `kvtc` (transform coding with a calibrated per-head PCA),
-`zstd` (the entropy stage), `specs` (`get_codec("int4+zstd")`,
+`zstd` (the entropy stage), `specs` (`get_codec("int4+zstd")`, `codec_for_model`,
 `codec_names()`, command-line options; the registries are read from there, where every
 family has registered). Names are exported lazily, so reading `DEFAULT_CODEC` imports no
 torch (CLIs and services read it at start-up).
@@ -22,7 +22,7 @@ _EXPORTS = {
     "Parts": "base", "FLOAT_DTYPES": "base", "take_rows": "base",
     "decode_pieces": "base", "piece_rows": "base",
     "FloatCodec": "floats", "IntCodec": "kivi", "quantized_piece": "kivi",
-    "CacheGen": "cachegen", "Zstd": "zstd", "Kvtc": "kvtc", "codec_for_model": "kvtc",
+    "CacheGen": "cachegen", "Zstd": "zstd", "Kvtc": "kvtc", "codec_for_model": "specs",
     "get_codec": "specs", "codec_names": "specs", "parse_spec": "specs", "split_specs": "specs",
 }
 __all__ = sorted([*_EXPORTS, "DEFAULT_CODEC"])
