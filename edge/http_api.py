@@ -3,7 +3,7 @@
 Clients written for OpenAI, vLLM or SGLang talk to an edge unchanged:
 
 - `GET /v1/models`: every KB the edge serves is a model, with its address as id:
-  `NS/NAME` or `NS/NAME@VARIANT` (DESIGN.md decision 8). A request may leave out `default/`.
+  `NS/NAME` or `NS/NAME@VARIANT` (docs/design.md, decision 8). A request may leave out `default/`.
 - `POST /v1/chat/completions`: the last user message is the question, answered from the
   model's KB by the same `EdgeEngine` as gRPC Ask (system messages and earlier turns are not
   part of the prompt: the KB is the context). `stream` (SSE) or not; `max_tokens` (or

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-# What an upload, a job and the benchmark store unless told otherwise: the best codec whose
-# answers were unchanged on bench/codec_bench.py's questions (8/8 identical, KL 0.0000, 2.02×
-# fewer bytes than fp16; docs/codecs.md). kvtc:bits=3 (4.27×, 7/8) and int4+zstd (4.15×, 5/8)
-# move answers; on 8 questions that is not yet a ranking — the default waits for more.
+# What an upload, a job and the benchmark store unless told otherwise: the best codec that
+# leaves answers unchanged (docs/codecs.md, "Decision: the default stays int8+zstd").
 DEFAULT_CODEC = "int8+zstd"
 
 _EXPORTS = {
