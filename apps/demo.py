@@ -100,7 +100,7 @@ def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = DEFAU
             t0 = time.perf_counter()
             reply = cloud.upload(kb_dir, "default", "demo")
             echo(f"uploaded {reply.files_received} files; prefilling segments on Ray ...")
-            info = cloud.wait_ready("default", "demo", timeout=1200)
+            info = cloud.wait_ready("default", "demo")  # ends on failure or a stall
             packed = sum(s.pack_bytes for s in info.segments)
             fp16 = sum(s.fp16_bytes for s in info.segments)
             echo(f"ingested in {time.perf_counter() - t0:.0f} s: {info.n_tokens} tokens, "

@@ -51,6 +51,13 @@ class DeadlineExceeded(KvedgeError):
     status = "DEADLINE_EXCEEDED"
 
 
+class Stalled(KvedgeError):
+    """A wait saw no progress for its whole stall window (an ingest's segment count, status and
+    update time all unchanged): the work may be stuck. What was already done is kept."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
 class Cancelled(KvedgeError):
     """The client went away (or the service is stopping): the request's work was stopped."""
 

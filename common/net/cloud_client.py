@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import grpc
 
-from kvedge.common.errors import BadInput
+from kvedge.common.errors import BadInput, DeadlineExceeded, Stalled
 from kvedge.common.kbfiles import scan_folder
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.net.proto import kvedge_pb2 as pb
@@ -20,6 +20,7 @@ from kvedge.common.net.rpc import CHUNK, RpcClient, metadata
 from kvedge.common.net.tls import ClientTLS
 
 DEADLINE = 60.0
+STALL_S = 600.0  # wait_ready: no progress for this long ends the wait (Stalled)
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,17 @@ class CloudClient(RpcClient):
         except grpc.RpcError as err:
             self.failed(err)
 
-    def wait_ready(self, namespace: str, kb: str, timeout: float = 600,
-                   progress: Callable[[pb.KBInfo], None] | None = None) -> pb.KBInfo:
-        """Poll until the KB's base variant is ready (raises on failure or timeout)."""
+    def wait_ready(self, namespace: str, kb: str, timeout: float | None = None,
+                   progress: Callable[[pb.KBInfo], None] | None = None,
+                   stall: float = STALL_S) -> pb.KBInfo:
+        """Poll until the KB's base variant is ready. Ends on failure (BadInput with the
+        ingest's error), after `stall` seconds without progress (Stalled: no change in its
+        status, segments done or update time) or past `timeout` seconds in all
+        (DeadlineExceeded; default none: a large KB takes as long as its segments take)."""
         import time
 
-        deadline = time.monotonic() + timeout
+        start = last = time.monotonic()
+        seen = None
         while True:
             info = self.get_kb(namespace, kb)
             if progress:
@@ -115,8 +121,18 @@ class CloudClient(RpcClient):
                 return info
             if info.status == "failed":
                 raise BadInput(f"ingest of {kb!r} failed: {info.error}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{kb!r} not ready after {timeout:.0f} s (status {info.status})")
+            now, mark = time.monotonic(), (info.status, info.segments_done, info.updated)
+            if mark != seen:
+                seen, last = mark, now
+            where = (f"status {info.status}, {info.segments_done}/{info.segments_total} "
+                     "segments")
+            if now - last > stall:
+                raise Stalled(f"{kb!r} made no progress for {stall:.0f} s ({where}); the "
+                              f"gateway's log says why; `kvctl kb status {kb}` shows where it "
+                              "stands")
+            if timeout is not None and now - start > timeout:
+                raise DeadlineExceeded(f"{kb!r} not ready after {timeout:.0f} s ({where}); "
+                                       "the ingest goes on in the gateway")
             time.sleep(0.3)
 
     # ------------------------------------------------------------------ batch jobs
