@@ -251,8 +251,8 @@ class Bench:
         from kvedge.edge.strategies import get_strategy
 
         full = self._context(item, REFERENCE_CODEC)
-        extra = {"fp16_bytes": self.prefill.fp16_bytes(full.n_tokens), "compress_s": None,
-                 "prefill_s": None}
+        extra = {"fp16_bytes": self.prefill.kv_shape.fp16_bytes(full.n_tokens),
+                 "compress_s": None, "prefill_s": None}
         if method == "full":
             (path, extra["shipped_bytes"]), = self.pack_files("".join(item.documents), True,
                                                               codec)
