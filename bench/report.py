@@ -11,7 +11,8 @@ eviction alone costs); "× vs fp16" is the context's full KV in fp16 (tokens × 
 heads × head dim × K,V × 2 bytes) over the bytes the cell ships (its pack). kvpress's presses
 are divided by kvpress's own full cache on the same items (`kvpress-full`, fp32 KV through
 transformers) when the results hold it, ours by ours: each pipeline against its own ceiling.
-Eviction rows also get the bytes-vs-accuracy frontier (`kvedge.bench.codec_frontier`).
+Eviction rows also get the bytes-vs-accuracy frontier (`bytes_frontier_plot`, which
+`kvedge.bench.codec_frontier` puts into docs/codecs.md).
 Reuse rows get a frontier per task × length — accuracy and median TTFT as fractions of
 recompute's, one point per strategy setting — and, where a cell timed its first token by
 phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt cells asked other than the default
@@ -26,6 +27,8 @@ from typing import NamedTuple
 
 from kvedge.bench.datasets import DATASETS
 from kvedge.bench.runner import KVPRESS, LEGACY_CODEC, REFERENCE_CODEC
+
+TARGET = (32.0, 0.92)  # ≥ 32× fewer bytes than fp16 KV at ≥ 92 % of full KV's accuracy
 
 
 def load(path: Path) -> list[dict]:
@@ -305,8 +308,6 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
     if any(fewer_bytes(r) for r in evict):
-        from kvedge.bench.codec_frontier import bytes_frontier_plot
-
         written.append(bytes_frontier_plot(rows, folder / "bytes_frontier.png"))
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
@@ -360,6 +361,49 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
         ax.set(title=f"{task}: {length} {unit}, {max(r['questions'] for r in group)} questions",
                xlabel="median TTFT / recompute (log)", ylabel="accuracy / recompute")
         ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def bytes_frontier_plot(rows: list[dict], path: Path) -> Path:
+    """Accuracy as a fraction of full KV uncompressed's vs × fewer bytes than fp16 full KV
+    (log), each eviction (method, budget, codec) pooled over tasks; one line per (method,
+    codec) through its budgets (labelled), colour by method, marker by codec; the target
+    (TARGET) is the top-right corner past the dotted lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = defaultdict(list)
+    for (method, budget, codec), p in summary([r for r in rows if r["suite"] == "evict"],
+                                              full_kv_acc).items():
+        if p.fewer_bytes and p.of_ceiling is not None:
+            lines[(method, codec)].append((p.fewer_bytes, p.of_ceiling, budget))
+    methods, codecs = sorted({m for m, _ in lines}), sorted({c for _, c in lines})
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for (method, codec), points in sorted(lines.items()):
+        xs, ys, budgets = zip(*sorted(points))
+        ax.plot(xs, ys, color=plt.cm.tab10(methods.index(method) % 10), linewidth=0.8,
+                marker="osD^v<>p*h"[codecs.index(codec) % 10], markersize=5,
+                label=f"{method} · {codec}")
+        for x, y, budget in zip(xs, ys, budgets):
+            if budget != 1:
+                ax.annotate(f"{budget:g}", (x, y), fontsize=6, xytext=(3, 2),
+                            textcoords="offset points")
+    ax.axvline(TARGET[0], color="grey", linewidth=0.6, linestyle=":")
+    ax.axhline(TARGET[1], color="grey", linewidth=0.6, linestyle=":")
+    ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    ticks = [2.0 ** k for k in range(-2, 11) if low <= 2.0 ** k <= high]
+    ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set(xlabel="× fewer bytes than fp16 full KV (log)", ylabel="accuracy / full KV (fp16)",
+           title="Eviction × codec: bytes shipped vs accuracy (pooled over tasks)")
+    if lines:
+        ax.legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
