@@ -17,6 +17,7 @@ import torch
 from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
 from kvedge.common.model.decoding import GREEDY, Decoding, Sampler
 from kvedge.common.pack.errors import PackCorrupt
+from kvedge.common.pack.manifest import KVShape
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
@@ -77,6 +78,7 @@ class EdgeEngine:
         self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant)
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
+        self.kv_shape = KVShape(self.rt.n_layers, self.rt.n_kv, self.rt.head_dim)
         self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same
         prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
@@ -176,7 +178,8 @@ class EdgeEngine:
             answer=event["answer"], ttft_s=event["first_token_s"], tpot_s=event["tpot_s"],
             tokens=event["tokens"], segments=[m["index"] for m in metas],
             bytes_loaded=sum(m["pack_bytes"] for m in metas),
-            fp16_bytes=sum(m["fp16_bytes"] for m in metas), strategy=chosen.name,
+            fp16_bytes=self.kv_shape.fp16_bytes(sum(m["n_tokens"] for m in metas)),
+            strategy=chosen.name,
             prompt_tokens=event["prompt_tokens"], recomputed_tokens=event["recomputed"],
             kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
             finish_reason=event["finish_reason"])

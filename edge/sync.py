@@ -116,7 +116,6 @@ class Syncer:
             transforms |= referenced_transforms(manifest)
             segments.append({"index": seg.index, "pack_id": seg.pack_id, "source": seg.source,
                              "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,
-                             "fp16_bytes": manifest.kv_shape.fp16_bytes(manifest.n_tokens),
                              "text": self.detokenize(manifest.token_ids)})
         self._fetch_transforms(target.namespace, transforms)  # before a manifest names them
         write_json_atomic(manifest_path(self.state_dir, target),
