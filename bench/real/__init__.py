@@ -8,19 +8,11 @@
 - `hotpotqa`: questions and the `hotpot-fixed` suite's items; `squad`: one item per article;
   `haystack`: Paul Graham's essays.
 
-The bench's tasks over this data are `REAL_TASKS`; `real_items` makes a cell's items.
+The bench's tasks over this data are `REAL_TASKS` (`kvedge.bench.suites.cell_items` makes a
+cell's items). This module only names them: importing it reads nothing.
 """
 from __future__ import annotations
 
 HOTPOT_FIXED = "hotpot-fixed"
 REAL_TASKS = (HOTPOT_FIXED,)  # tasks whose items come from the data wheel; `length` counts
 #                               paragraphs
-
-
-def real_items(task: str, length: int, n_items: int, seed: int, heldout: bool = False) -> list:
-    """A cell's items of a real-data task."""
-    if task == HOTPOT_FIXED:
-        from kvedge.bench.real.hotpotqa import hotpot_fixed_items
-
-        return hotpot_fixed_items(length, n_items, seed, heldout)
-    raise ValueError(f"{task!r} is not a real-data task; these are {', '.join(REAL_TASKS)}")

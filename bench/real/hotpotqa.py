@@ -18,8 +18,10 @@ import random
 from dataclasses import dataclass
 
 from kvedge.bench.answer_metrics import normalize_answer
+from kvedge.bench.datasets import QAItem
 from kvedge.bench.real import heldout as split_
 from kvedge.bench.real.wheel import read_json
+from kvedge.bench.tasks import Question
 from kvedge.common.errors import InvalidRequest
 
 FILE = "hotpotqa.json"
@@ -53,7 +55,7 @@ def _question(index: int, record: dict) -> HotpotQuestion:
                           paragraphs, gold, record["type"])
 
 
-def _records() -> list:
+def _records() -> list[dict]:
     return read_json(FILE)  # parsed once per process and wheel
 
 
@@ -102,11 +104,9 @@ def with_distractors(q: HotpotQuestion, length: int, seed: int,
     return [next(mine) if i in own else next(theirs) for i in range(length)]
 
 
-def hotpot_fixed_items(length: int, n_items: int, seed: int, heldout: bool = False) -> list:
+def hotpot_fixed_items(length: int, n_items: int, seed: int,
+                       heldout: bool = False) -> list[QAItem]:
     """`n_items` QAItems: one question each over `length` paragraphs as documents."""
-    from kvedge.bench.datasets import QAItem
-    from kvedge.bench.tasks import Question
-
     order = question_order(seed, heldout)
     if n_items > len(order):
         raise InvalidRequest(f"asked for {n_items} HotpotQA questions; the "

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvedge.bench.datasets import QAItem
 from kvedge.bench.real import heldout as split_
 from kvedge.bench.real.wheel import read_json
+from kvedge.bench.tasks import Question
 from kvedge.common.errors import InvalidRequest
 
 FILE = "squad.json"
@@ -45,7 +47,7 @@ def _article(index: int, record: dict) -> SquadArticle:
     return SquadArticle(index, record["title"], context, tuple(asked), skipped)
 
 
-def _articles() -> list:
+def _articles() -> list[dict]:
     return read_json(FILE)["data"]
 
 
@@ -65,12 +67,9 @@ def squad_articles(heldout: bool = False) -> list[SquadArticle]:
 
 
 def squad_items(n_items: int, heldout: bool = False,
-                questions_per_article: int | None = None) -> list:
+                questions_per_article: int | None = None) -> list[QAItem]:
     """The split's first `n_items` articles as QAItems (one context each), each asked its
     answerable questions (the first `questions_per_article` of them, if given)."""
-    from kvedge.bench.datasets import QAItem
-    from kvedge.bench.tasks import Question
-
     articles = squad_articles(heldout)
     if n_items > len(articles):
         raise InvalidRequest(f"asked for {n_items} SQuAD articles; the "

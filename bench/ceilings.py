@@ -1,0 +1,64 @@
+"""Ceiling rows kept across runs: a recompute (or full-KV) answer is deterministic, so a later
+run over the same questions reads it instead of paying for it again. Torch-free.
+
+A run's output folder holds `ceilings.jsonl`, one line per item: {"key", "item", "rows"}. The
+key is a digest of everything the ceiling's answers depend on — the model's fingerprint, the
+item's documents and questions (text, references, instruction), the decode budget and how the
+prompt is built (codec, segment size, anchoring, order) — so a changed prompt or model is a
+miss, never a stale hit. A change to the runtime's arithmetic is not in the key: delete the
+file after one. The rows keep their timings (TTFT) as measured when they were made:
+a later run's TTFT ratio is then against a ceiling timed in another process on the same
+machine (`summarize` marks such cells `ceiling_cached`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+
+def ceiling_key(item, **prompt) -> str:
+    """sha256 over the item's content and the prompt's settings (`prompt`: model fingerprint,
+    codec, decode budget, ...; any JSON value)."""
+    content = {"documents": item.documents, "questions": [asdict(q) for q in item.questions],
+               **prompt}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+class CeilingStore:
+    """Item rows by key in a JSON-lines file; appended one line per item, so a run that stops
+    keeps what it measured (a torn last line is ignored)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._rows = self._read()
+
+    def _read(self) -> dict[str, list[dict]]:
+        if not self.path.exists():
+            return {}
+        out = {}
+        for line in self.path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a crash
+                continue
+            out[entry["key"]] = entry["rows"]
+        return out
+
+    def get(self, key: str) -> list[dict] | None:
+        return self._rows.get(key)
+
+    def put(self, key: str, item_key: str, rows: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab") as f:
+            torn = f.tell() and _last_byte(self.path) != b"\n"  # a crash cut the last line
+            line = json.dumps({"key": key, "item": item_key, "rows": rows}) + "\n"
+            f.write((b"\n" if torn else b"") + line.encode())
+        self._rows[key] = rows
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1)

@@ -1,0 +1,62 @@
+"""The report's real-QA tables: HotpotQA's official EM, F1 and containment per strategy
+setting, each against recompute on the same questions with 95 % paired bootstrap intervals
+(`kvedge.bench.suites.intervals`), and the median TTFT ratio. One table per real task ×
+length (`kvedge.bench.real.REAL_TASKS`); "correct" counts the answers that contain the gold
+answer. A ceiling read from OUT/ceilings.jsonl was timed by an earlier run: the table says
+how many questions' were.
+"""
+from __future__ import annotations
+
+from kvedge.bench.real import REAL_TASKS
+
+HEAD = ["setting", "correct", "EM", "F1", "contain", "F1 / recompute [95 % CI]",
+        "contain / recompute [95 % CI]", "F1 − recompute [95 % CI]", "TTFT s (median)",
+        "TTFT / recompute", "q"]
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def with_interval(interval: list | None, spec: str = ".3f") -> str:
+    """"0.912 [0.85, 0.97]" from [value, low, high]."""
+    if not interval:
+        return "—"
+    value, low, high = interval
+    ends = f" [{_fmt(low, '.2f')}, {_fmt(high, '.2f')}]" if low is not None else ""
+    return f"{_fmt(value, spec)}{ends}"
+
+
+def _label(r: dict) -> str:
+    name = f"{r['method']}[{r['options']}]" if r.get("options") else r["method"]
+    return name + (f" @{r['budget']:g}" if r["budget"] != 1 else "")
+
+
+def qa_row(r: dict) -> list:
+    paired = r.get("intervals") or {}
+    f1, contain = paired.get("f1") or {}, paired.get("contain") or {}
+    correct = round(r["contain"] * r["questions"]) if r.get("contain") is not None else None
+    return [_label(r), _fmt(correct, "d"), _fmt(r.get("em")), _fmt(r.get("f1")),
+            _fmt(r.get("contain")), with_interval(f1.get("ratio")),
+            with_interval(contain.get("ratio")), with_interval(f1.get("diff"), "+.3f"),
+            _fmt(r.get("first_token_s_median")), _fmt(r.get("first_token_s_median_ratio")),
+            r["questions"]]
+
+
+def qa_tables(rows: list[dict]) -> list[str]:
+    """Markdown lines: one table per real task × length, settings by median TTFT ratio."""
+    real = [r for r in rows if r["task"] in REAL_TASKS and r.get("f1") is not None]
+    out = []
+    for task, length in sorted({(r["task"], r["length"]) for r in real}):
+        group = [r for r in real if (r["task"], r["length"]) == (task, length)]
+        cached = max(r.get("ceiling_cached") or 0 for r in group)
+        note = f" (recompute's answers of {cached} questions read from an earlier run)" \
+            if cached else ""
+        out += [f"### {task} @ {length} paragraphs{note}", "",
+                "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+        for r in sorted(group, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
+                                              _label(r))):
+            out.append("| " + " | ".join(map(str, qa_row(r))) + " |")
+        out.append("")
+    return (["## Real QA (HotpotQA's official EM / F1 / containment vs recompute)", "", *out]
+            if out else [])
