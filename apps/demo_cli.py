@@ -28,7 +28,8 @@ def demo_cmd(model_name, keep, codec, kb_dir):
 @click.option("--tokens", default=1500, show_default=True, help="haystack length")
 @click.option("--seed", default=0, show_default=True)
 def needle_cmd(model_name, tokens, seed):
-    """The runtime alone: a needle question over realigned segment KV vs full recompute."""
+    """The runtime alone: a needle question over realigned segment KV vs full recompute;
+    exit 1 when full recompute misses the needle (as a random-weight model does)."""
     from kvedge.apps.needle import run_needle_demo
 
     ok = run_needle_demo(model_name, tokens, seed, echo=click.echo)
