@@ -92,6 +92,11 @@ class UnsupportedArchitecture(KvedgeError):
     """The runtime has no implementation for this model type or option."""
 
 
+class UnsupportedTokenizer(UnsupportedArchitecture):
+    """A GGUF file's tokenizer is not one kvedge can build (not byte-level BPE, or an unknown
+    pre-tokenizer): convert the model to a Hugging Face folder and pass its path."""
+
+
 class ActiveSetError(KvedgeError):
     """A partial-recompute active set breaks the runtime's rules (see runtime.forward)."""
 
