@@ -279,8 +279,12 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         offset = request.offset
         if not 0 <= offset <= total:
             raise BadInput(f"offset {offset} is outside the pack's {total} bytes")
-        while offset < total:
-            data = self.store.read(request.pack_id, offset, CHUNK)
+        if request.length < 0:
+            raise BadInput(f"length {request.length} is negative (0 reads to the end)")
+        # [offset, offset + length): an edge reads a pack's header and manifest alone
+        end = min(total, offset + request.length) if request.length else total
+        while offset < end:
+            data = self.store.read(request.pack_id, offset, min(CHUNK, end - offset))
             yield pb.PackChunk(offset=offset, data=data, total=total)
             with self._lock:
                 self.bytes_served += len(data)

@@ -83,11 +83,14 @@ class CloudClient(RpcClient):
     def remove_kb(self, namespace: str, kb: str) -> bool:
         return self._call(self.stub.RemoveKB, pb.KBRef(namespace=namespace, kb=kb)).removed
 
-    def fetch_pack(self, namespace: str, pack_id: str, offset: int = 0) -> Iterator[pb.PackChunk]:
-        """Stream a pack from `offset` (resume a broken transfer by passing what you hold)."""
+    def fetch_pack(self, namespace: str, pack_id: str, offset: int = 0,
+                   length: int = 0) -> Iterator[pb.PackChunk]:
+        """Stream a pack from `offset` (resume a broken transfer by passing what you hold),
+        `length` bytes of it (fewer where the pack ends first; 0: to its end)."""
         try:
             yield from self.stub.FetchPack(
-                pb.FetchPackRequest(namespace=namespace, pack_id=pack_id, offset=offset),
+                pb.FetchPackRequest(namespace=namespace, pack_id=pack_id, offset=offset,
+                                    length=length),
                 metadata=metadata(self.token), timeout=600)
         except grpc.RpcError as err:
             self.failed(err)

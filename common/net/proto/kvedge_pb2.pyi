@@ -171,14 +171,16 @@ class RemoveReply(_message.Message):
     def __init__(self, removed: _Optional[bool] = ...) -> None: ...
 
 class FetchPackRequest(_message.Message):
-    __slots__ = ("namespace", "pack_id", "offset")
+    __slots__ = ("namespace", "pack_id", "offset", "length")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PACK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     pack_id: str
     offset: int
-    def __init__(self, namespace: _Optional[str] = ..., pack_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    length: int
+    def __init__(self, namespace: _Optional[str] = ..., pack_id: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class PackChunk(_message.Message):
     __slots__ = ("offset", "data", "total")
