@@ -80,11 +80,13 @@ class _Counts:
 
     def collect(self):
         if self.syncer is not None:
-            yield CounterMetricFamily("kvedge_edge_sync_fetched_bytes", "pack and kvtc "
-                                      "transform bytes fetched from the cloud",
+            yield CounterMetricFamily("kvedge_edge_sync_fetched_bytes", "bytes fetched from "
+                                      "the cloud: packs (by sync, by answers and by prefetch), "
+                                      "pack manifests for the retrieval index, kvtc transforms",
                                       value=self.syncer.fetched_bytes)
             yield CounterMetricFamily("kvedge_edge_sync_fetched_packs", "packs fetched from the "
-                                      "cloud and verified", value=self.syncer.fetched_packs)
+                                      "cloud and verified (by sync, by answers and by "
+                                      "prefetch)", value=self.syncer.fetched_packs)
         if self.cache is not None:
             stats = self.cache.stats
             yield CounterMetricFamily("kvedge_edge_pack_cache_hits", "pack loads answered from "

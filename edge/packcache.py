@@ -4,17 +4,19 @@ A pack enters the cache only after its content hash, every checksum and its mode
 fingerprint check out, read from the file mapped from disk (never copied into memory whole:
 packs can be hundreds of MB); a broken transfer stays as `<id>.part` and resumes from its
 size (`kvedge.common.fsutil.PartFile`, the same resumable transfer uploads use).
-Packs of the KBs this edge serves are pinned; others are evicted least-recently-used when
-the cache is over its byte budget. A pack's last use is its file's access time, set
-explicitly on every use (`_touch`): a read answered from the memory LRU touches no file, and
-mounts with relatime or noatime would not record reads from disk either.
+The cache is one LRU under its byte budget: packs of KBs served whole (`kvedge serve --pin`)
+are pinned, every other pack is evicted least-recently-used when the cache is over budget,
+except packs an answer in flight holds (`hold`). A pack's last use is its file's access
+time, set explicitly on every use (`_touch`): a read answered from the memory LRU touches no
+file, and mounts with relatime or noatime would not record reads from disk either.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +47,10 @@ class PackCache:
         self.memory_entries = memory_entries
         self.pinned: set[str] = set()
         self._decoded: OrderedDict[str, object] = OrderedDict()
+        self._held: Counter[str] = Counter()  # packs answers in flight read: never evicted
+        self._deferred = False  # an eviction left the cache over budget for a held pack
         self._lock = threading.Lock()
+        self._evicting = threading.Lock()  # one eviction at a time: each sums the files
         self.stats = CacheStats()
 
     def path(self, pack_id: str, partial: bool = False) -> Path:
@@ -173,21 +178,59 @@ class PackCache:
     def size(self, pack_id: str) -> int:
         return self.path(pack_id).stat().st_size
 
+    @contextmanager
+    def hold(self, pack_ids):
+        """Keep these packs from eviction while the block runs (an answer reading them; a
+        held pack may be missing yet, fetched inside the block). Leaving it evicts what an
+        eviction had to leave for the holds."""
+        ids = list(pack_ids)
+        with self._lock:
+            self._held.update(ids)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.subtract(ids)
+                self._held = +self._held  # drop the zeros
+                deferred, self._deferred = self._deferred, False
+            if deferred:
+                self.evict()
+
     def evict(self) -> list[str]:
-        """Drop unpinned packs, oldest access first, until within capacity."""
+        """Drop packs, oldest access first, until within capacity; pinned and held packs
+        stay (so a budget below one answer's packs is exceeded while that answer runs)."""
         if not self.capacity:
             return []
-        files = sorted(self.root.glob("*.kvp"), key=lambda p: p.stat().st_atime)
-        total = sum(p.stat().st_size for p in files)
-        dropped = []
-        for p in files:
-            if total <= self.capacity:
-                break
-            if p.stem not in self.pinned:
-                total -= p.stat().st_size
-                p.unlink()
-                dropped.append(p.stem)
+        with self._evicting:
+            files = sorted(_stats(self.root.glob("*.kvp")), key=lambda f: f[1].st_atime)
+            total = sum(st.st_size for _, st in files)
+            dropped = []
+            for path, st in files:
+                if total <= self.capacity:
+                    break
+                if self._keep(path.stem):
+                    continue
+                path.unlink(missing_ok=True)
+                total -= st.st_size
+                dropped.append(path.stem)
                 with self._lock:
-                    self._decoded.pop(p.stem, None)
+                    self._decoded.pop(path.stem, None)
                     self.stats.disk_evictions += 1
-        return dropped
+            return dropped
+
+    def _keep(self, pack_id: str) -> bool:
+        """Pinned or held; a held one marks the eviction as owed when the hold ends."""
+        with self._lock:
+            if pack_id in self._held:
+                self._deferred = True
+                return True
+        return pack_id in self.pinned
+
+
+def _stats(paths):
+    """(path, stat) of each file still there (another thread may delete one meanwhile)."""
+    for path in paths:
+        try:
+            yield path, path.stat()
+        except FileNotFoundError:
+            pass

@@ -1,26 +1,35 @@
-"""Keep the local pack cache in step with the cloud for the KBs this edge serves.
+"""Keep the edge's local KB manifests (and the packs of KBs served whole) in step with the cloud.
 
-For each served KB (namespace, name, variant) the syncer fetches the packs it lacks —
-resuming broken transfers from what it holds — verifies them, then the kvtc transforms those
-packs reference and this edge lacks (packs written with `kvtc:embed=false`; each checked
-against its blake3 before it is installed), and only then rewrites the KB's local manifest
-(`kbs/<ns>/<name>[@variant].json`: segments, pack ids, segment texts for retrieval, the
-transforms). The engine answers from local manifests alone, so the edge keeps answering when
-the cloud is down, and never sees a KB it cannot decode.
+For each served KB (namespace, name, variant) the syncer writes the KB's local manifest
+(`kbs/<ns>/<name>[@variant].json`: segments, pack ids, segment texts for retrieval, the kvtc
+transforms each pack needs). A KB served on demand (`kvedge serve --kb`) syncs only that: the
+segment texts come from each pack's header and manifest, read with a ranged fetch of the
+pack's first bytes (`Fetcher.manifest`; a few KB where the pack is MBs), and a question's
+packs are fetched when it needs them (`EdgeEngine.retrieve`). Ranged reads over returning
+the texts in GetKB: the manifest is the pack's own record of its tokens, so the index needs
+no second copy of them in the catalog and GetKB, polled every sync, stays small. A KB served
+whole (`--pin`) also has every pack fetched — resuming broken transfers from what it holds —
+verified and pinned first. The kvtc transforms the packs reference and this edge lacks (packs
+written with `kvtc:embed=false`; each checked against its blake3 before it is installed) come
+before the manifest is written, so the engine never sees a KB it cannot decode; it answers
+from local manifests, so the edge keeps answering cached questions when the cloud is down.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvedge.common.net.auth import check_name, check_variant
 from kvedge.common.fsutil import mapped, write_json_atomic
+from kvedge.common.net.auth import check_name, check_variant
 from kvedge.common.pack.container import read_manifest
+from kvedge.edge.fetcher import Fetcher, FetchStopped
 
 log = logging.getLogger("kvedge.sync")
+INDEX_FETCHES = 8  # manifests read at once when indexing a KB served on demand
 
 
 @dataclass(frozen=True)
@@ -53,23 +62,38 @@ def manifest_path(state_dir: Path, target: Target) -> Path:
 
 
 class Syncer:
-    """`transforms`: the kvtc TransformStore transforms are installed in (default: this
+    """Syncs `targets` whole — every pack fetched and pinned — and `on_demand` KBs' manifest
+    and retrieval index only, their packs fetched when a question needs them
+    (`kvedge serve --pin` and `--kb`; docs/design.md, decision 10). `fetcher`: the one
+    transfer path, shared with the engine's on-demand fetches (default: one of its own).
+    `transforms`: the kvtc TransformStore transforms are installed in (default: this
     machine's, `<KVEDGE_HOME>/transforms`, where the decoder reads them)."""
 
     def __init__(self, client, cache, state_dir: Path | str, targets: list[Target], detokenize,
-                 transforms=None):
+                 transforms=None, *, on_demand: list[Target] = (), fetcher=None):
         self.client, self.cache, self._transforms = client, cache, transforms
+        self.fetcher = fetcher if fetcher is not None else Fetcher(client, cache)
         self.state_dir = Path(state_dir)
-        self.targets = targets
+        self.pinned = list(targets)
+        self.targets = self.pinned + [t for t in on_demand if t not in self.pinned]
         self.detokenize = detokenize
         self.last_error: str | None = None
-        # since start (edge.metrics reports them); bytes: of packs and of kvtc transforms
-        self.fetched_bytes = self.fetched_packs = 0
+        self.transform_bytes = 0  # since start (edge.metrics reports it with the fetcher's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def fetched_bytes(self) -> int:
+        """Bytes fetched from the cloud since start: packs, manifests, kvtc transforms."""
+        return self.fetcher.fetched_bytes + self.transform_bytes
+
+    @property
+    def fetched_packs(self) -> int:
+        """Packs fetched and verified since start, by sync and by answers alike."""
+        return self.fetcher.fetched_packs
+
     def sync_once(self) -> dict[str, int]:
-        """Fetch what is missing for every target; returns packs fetched per target.
+        """Bring every target up to date; returns packs fetched per target.
 
         One target failing (removed in the cloud, a corrupt pack) does not keep the others
         from syncing: every target is tried, the cache re-pinned, then the first failure is
@@ -77,7 +101,7 @@ class Syncer:
         fetched, failures = {}, []
         for target in self.targets:
             try:
-                fetched[target.key] = self._sync(target)
+                fetched[target.key] = self._sync(target, whole=target in self.pinned)
             except Exception as err:  # noqa: BLE001 - re-raised below, after the others
                 log.warning("sync of %s failed (serving it from the local cache): %s: %s",
                             target.key, type(err).__name__, err)
@@ -89,51 +113,77 @@ class Syncer:
         return fetched
 
     def referenced(self) -> set[str]:
-        """Packs any local KB manifest names: what the engine may load, so what stays pinned
-        (a KB this edge no longer serves keeps answering from its last sync)."""
-        return {seg["pack_id"] for path in (self.state_dir / "kbs").glob("*/*.json")
-                for seg in json.loads(path.read_text())["segments"]}
+        """Packs the local manifests of the KBs served whole name: what stays pinned (a KB
+        served on demand, or no longer served, is in the LRU like any other)."""
+        return {seg["pack_id"] for target in self.pinned
+                for seg in (self.local(target) or {"segments": []})["segments"]}
 
-    def _sync(self, target: Target) -> int:
+    def _sync(self, target: Target, whole: bool) -> int:
         info = self.client.get_kb(target.namespace, target.kb, target.variant)
         if not info.segments:
             return 0  # still ingesting for the first time
         old = self.local(target)
-        if old and old["fingerprint"] == info.model_fingerprint and \
-                [s["pack_id"] for s in old["segments"]] == [s.pack_id for s in info.segments] \
-                and all(self.cache.has(s.pack_id) for s in info.segments) \
-                and self._transforms_present(old):
+        if self._current(old, info, whole):
             return 0
-        from kvedge.common.pack.codecs.kvtc import referenced_transforms
-
-        count, segments, transforms = 0, [], set()
-        for seg in info.segments:
-            if not self.cache.has(seg.pack_id):
-                self._fetch(target.namespace, seg.pack_id)
-                count += 1
-            with mapped(self.cache.path(seg.pack_id)) as data:  # header and manifest only
-                manifest = read_manifest(data)
-            transforms |= referenced_transforms(manifest)
-            segments.append({"index": seg.index, "pack_id": seg.pack_id, "source": seg.source,
-                             "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,
-                             "text": self.detokenize(manifest.token_ids)})
+        count = self._fetch_all(target.namespace, info.segments) if whole else 0
+        known = {s["pack_id"]: s for s in old["segments"] if "transforms" in s} \
+            if old and old["fingerprint"] == info.model_fingerprint else {}
+        index = self._index(target.namespace, info.segments, known)
+        segments = [{"index": seg.index, "pack_id": seg.pack_id, "source": seg.source,
+                     "n_tokens": seg.n_tokens, "pack_bytes": seg.pack_bytes,
+                     **index[seg.pack_id]} for seg in info.segments]
+        transforms = set().union(*(s["transforms"] for s in segments))
         self._fetch_transforms(target.namespace, transforms)  # before a manifest names them
         write_json_atomic(manifest_path(self.state_dir, target),
                     {"namespace": target.namespace, "kb": target.kb, "variant": target.variant,
                      "fingerprint": info.model_fingerprint, "mode": info.mode,
                      "transforms": sorted(transforms), "segments": segments})
-        log.info("synced %s: %d segments (%d fetched)", target.key, len(segments), count)
+        log.info("synced %s: %d segments (%d packs fetched%s)", target.key, len(segments), count,
+                 "" if whole else "; the others on demand")
         return count
 
-    def _fetch(self, namespace: str, pack_id: str) -> None:
-        offset = self.cache.held(pack_id)
-        for chunk in self.client.fetch_pack(namespace, pack_id, offset):
-            self.cache.append(pack_id, chunk.offset, chunk.data)
-            self.fetched_bytes += len(chunk.data)
-            if self._stop.is_set():  # stopping: keep what arrived, resume it next start
-                raise SyncStopped(f"stopped while fetching {pack_id[:16]}…")
-        self.cache.commit(pack_id)
-        self.fetched_packs += 1
+    def _current(self, old: dict | None, info, whole: bool) -> bool:
+        """The local manifest names the cloud's packs and its transforms are installed (and,
+        for a KB served whole, every pack is cached)."""
+        return bool(old) and old["fingerprint"] == info.model_fingerprint \
+            and [s["pack_id"] for s in old["segments"]] == [s.pack_id for s in info.segments] \
+            and (not whole or all(self.cache.has(s.pack_id) for s in info.segments)) \
+            and self._transforms_present(old)
+
+    def _fetch_all(self, namespace: str, segments) -> int:
+        """Fetch every pack the cache lacks, pinned as they arrive (an eviction between two
+        transfers must not drop the first); returns how many were fetched."""
+        self.cache.pinned = self.cache.pinned | {s.pack_id for s in segments}
+        count = 0
+        for seg in segments:
+            if self._stop.is_set():
+                raise FetchStopped("stopped while syncing")
+            count += self.fetcher.fetch(namespace, seg.pack_id)
+        return count
+
+    def _index(self, namespace: str, segments, known: dict) -> dict[str, dict]:
+        """Per pack: its segment's text (for BM25) and the kvtc transforms it needs — from
+        the last local manifest, else the cached pack, else the pack's first bytes fetched
+        (`Fetcher.manifest`, a few at a time)."""
+        from kvedge.common.pack.codecs.kvtc import referenced_transforms
+
+        index = {pid: {"text": known[pid]["text"], "transforms": known[pid]["transforms"]}
+                 for pid in dict.fromkeys(s.pack_id for s in segments) if pid in known}
+        todo = [pid for pid in dict.fromkeys(s.pack_id for s in segments) if pid not in index]
+        with ThreadPoolExecutor(INDEX_FETCHES) as pool:
+            for pid, manifest in zip(todo, pool.map(lambda p: self._manifest(namespace, p), todo)):
+                index[pid] = {"text": self.detokenize(manifest.token_ids),
+                              "transforms": sorted(referenced_transforms(manifest))}
+        return index
+
+    def _manifest(self, namespace: str, pack_id: str):
+        if self.cache.has(pack_id):
+            try:
+                with mapped(self.cache.path(pack_id)) as data:  # header and manifest only
+                    return read_manifest(data)
+            except FileNotFoundError:  # evicted meanwhile
+                pass
+        return self.fetcher.manifest(namespace, pack_id)
 
     @property
     def transforms(self):
@@ -155,7 +205,7 @@ class Syncer:
         TransformMismatch and nothing is installed."""
         for digest in sorted(d for d in digests if not self.transforms.has(d)):
             data = self.client.fetch_transform(namespace, digest)
-            self.fetched_bytes += len(data)
+            self.transform_bytes += len(data)
             self.transforms.add(digest, data)
             log.info("installed kvtc transform %s… (%d bytes)", digest[:16], len(data))
 
@@ -180,12 +230,9 @@ class Syncer:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop syncing; waits up to `timeout` s for a sync in progress to end (a pack being
-        fetched stops at its next chunk, resumable)."""
+        """Stop syncing and the fetcher; waits up to `timeout` s for a sync in progress to
+        end (a pack being fetched stops at its next chunk, resumable)."""
         self._stop.set()
+        self.fetcher.stop()
         if self._thread is not None:
             self._thread.join(timeout)
-
-
-class SyncStopped(Exception):
-    """Raised inside a sync when the syncer is stopped mid-fetch (never leaves the syncer)."""

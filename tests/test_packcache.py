@@ -209,6 +209,16 @@ def test_evict_never_drops_pinned_packs(tmp_path, packs):
     assert cache.has(ids[0]) and cache.has(ids[2])
 
 
+def test_evict_never_drops_a_held_pack_and_catches_up_when_the_hold_ends(tmp_path, packs):
+    """An answer holds the packs it reads; what eviction had to leave is evicted after."""
+    cache, ids = filled(tmp_path, packs, capacity=max(map(len, packs)))  # room for one
+    with cache.hold(ids[:2]):
+        with cache.hold(ids[:1]):
+            assert cache.evict() == [ids[2], ids[3]]  # the oldest two are held
+        assert cache.has(ids[0]) and cache.has(ids[1])  # still held by the outer answer
+    assert [cache.has(p) for p in ids] == [False, True, False, False]
+
+
 def test_evict_ignores_unfinished_transfers(tmp_path, packs):
     cache, ids = filled(tmp_path, packs[:2], capacity=max(map(len, packs[:2])))
     cache.append(pack_id(packs[2]), 0, packs[2][:50])

@@ -36,12 +36,13 @@ def packs() -> list[bytes]:
 
 
 class FakeCloud:
-    """What Syncer needs of CloudClient: get_kb and a resumable fetch_pack stream."""
+    """What Syncer needs of CloudClient: get_kb and a resumable, ranged fetch_pack stream."""
 
     def __init__(self):
         self.kbs: dict[tuple[str, str, str], pb.KBInfo] = {}
         self.packs: dict[str, bytes] = {}
         self.fetches: list[tuple[str, str, int]] = []  # (namespace, pack id, offset)
+        self.ranges: list[tuple[str, str, int, int]] = []  # (…, offset, length)
         self.get_kbs: list[tuple[str, str, str]] = []
         self.break_after: int | None = None  # chunks sent before the connection drops
 
@@ -62,13 +63,18 @@ class FakeCloud:
             raise NotFound(f"no knowledge base {kb!r} in namespace {namespace!r}")
         return self.kbs[(namespace, kb, variant)]
 
-    def fetch_pack(self, namespace: str, pack_id: str, offset: int = 0):
-        self.fetches.append((namespace, pack_id, offset))
+    def fetch_pack(self, namespace: str, pack_id: str, offset: int = 0, length: int = 0):
+        if length:  # a ranged read: the retrieval index of a KB served on demand
+            self.ranges.append((namespace, pack_id, offset, length))
+        else:
+            self.fetches.append((namespace, pack_id, offset))
         data = self.packs[pack_id]
-        for n, start in enumerate(range(offset, len(data), CHUNK)):
+        end = min(len(data), offset + length) if length else len(data)
+        for n, start in enumerate(range(offset, end, CHUNK)):
             if self.break_after is not None and n == self.break_after:
                 raise ConnectionError("connection reset")
-            yield pb.PackChunk(offset=start, data=data[start:start + CHUNK], total=len(data))
+            yield pb.PackChunk(offset=start, data=data[start:min(end, start + CHUNK)],
+                               total=len(data))
 
     def fetched(self) -> list[str]:
         return [pid for _, pid, _ in self.fetches]
@@ -145,7 +151,7 @@ def test_sync_fetches_verifies_and_writes_the_manifest(cloud, cache, tmp_path, p
     # no fp16 size stored: the engine derives it from the model's shape when it answers
     assert m["segments"][1] == {"index": 1, "pack_id": ids[1], "source": "doc1.txt",
                                 "n_tokens": 8, "pack_bytes": len(packs[1]),
-                                "text": detokenize(range(2000, 2008))}
+                                "text": detokenize(range(2000, 2008)), "transforms": []}
     assert [s["pack_id"] for s in m["segments"]] == ids
 
 
@@ -272,16 +278,90 @@ def test_one_failing_target_does_not_stop_the_others(cloud, cache, tmp_path, pac
     assert local(tmp_path, ok) is not None
 
 
-def test_every_local_manifest_points_at_cached_packs(cloud, tmp_path, packs):
+def test_a_kb_no_longer_served_whole_is_evicted_and_keeps_its_manifest(cloud, tmp_path, packs):
+    """Its manifest stays (the engine fetches its packs on demand); its packs are in the LRU."""
     cache = PackCache(tmp_path / "packs", FP, capacity_bytes=1)
     old = Target("default", "old")
     cloud.publish(KB, packs[:1])
     cloud.publish(old, packs[1:2])
     syncer(cloud, cache, tmp_path, [KB, old]).sync_once()
-    syncer(cloud, cache, tmp_path, [KB]).sync_once()  # restarted serving only KB
-    for path in (tmp_path / "state" / "kbs").rglob("*.json"):
-        for seg in json.loads(path.read_text())["segments"]:
-            assert cache.has(seg["pack_id"]), f"{path.name} lost {seg['pack_id'][:8]}"
+    syncer(cloud, cache, tmp_path, [KB]).sync_once()  # restarted serving only KB whole
+    assert cache.pinned == {pack_id(packs[0])} and cache.has(pack_id(packs[0]))
+    assert not cache.has(pack_id(packs[1]))
+    assert local(tmp_path, old)["segments"][0]["pack_id"] == pack_id(packs[1])
+
+
+# ---------------------------------------------------------------------- on demand
+def on_demand(cloud, cache, tmp_path, targets=(KB,), pinned=()) -> Syncer:
+    return Syncer(cloud, cache, tmp_path / "state", list(pinned), detokenize,
+                  on_demand=list(targets))
+
+
+def test_on_demand_syncs_the_index_from_each_packs_first_bytes(cloud, cache, tmp_path, packs):
+    from kvedge.common.pack.container import HEADER_SIZE
+    from kvedge.edge.fetcher import MANIFEST_GUESS
+
+    cloud.publish(KB, packs[:3])
+    s = on_demand(cloud, cache, tmp_path)
+    assert s.sync_once() == {"default/manuals": 0}
+    assert cloud.fetches == [] and not any(cache.has(pack_id(p)) for p in packs)
+    assert sorted(pid for _, pid, offset, _ in cloud.ranges if offset == 0) == \
+        sorted(pack_id(p) for p in packs[:3])  # one ranged read each: manifests fit the guess
+    m = local(tmp_path)
+    assert [seg["text"] for seg in m["segments"]] == \
+        [detokenize(range(1000 * n, 1000 * n + 8)) for n in (1, 2, 3)]
+    assert cache.pinned == set() and s.fetched_packs == 0
+    first_read = HEADER_SIZE + MANIFEST_GUESS  # these packs are smaller: each read whole
+    assert s.fetched_bytes == sum(min(len(p), first_read) for p in packs[:3])
+
+
+def test_a_manifest_longer_than_the_first_read_takes_a_second_one(cloud, cache, tmp_path, packs,
+                                                                monkeypatch):
+    from kvedge.common.pack.container import HEADER_SIZE, read_header
+    from kvedge.edge import fetcher
+
+    monkeypatch.setattr(fetcher, "MANIFEST_GUESS", 10)
+    cloud.publish(KB, packs[:1])
+    on_demand(cloud, cache, tmp_path).sync_once()
+    m_len = read_header(packs[0])[1]
+    assert [(o, n) for _, _, o, n in cloud.ranges] == \
+        [(0, HEADER_SIZE + 10), (HEADER_SIZE + 10, m_len - 10)]
+    assert local(tmp_path)["segments"][0]["text"] == detokenize(range(1000, 1008))
+
+
+def test_an_update_reads_only_the_new_packs_manifests(cloud, cache, tmp_path, packs):
+    s = on_demand(cloud, cache, tmp_path)
+    cloud.publish(KB, packs[:2])
+    s.sync_once()
+    cloud.ranges.clear()
+    assert s.sync_once() == {"default/manuals": 0} and cloud.ranges == []  # up to date
+    cloud.publish(KB, [packs[1], packs[2]])
+    s.sync_once()
+    assert {pid for _, pid, _, _ in cloud.ranges} == {pack_id(packs[2])}
+    assert [seg["pack_id"] for seg in local(tmp_path)["segments"]] == \
+        [pack_id(packs[1]), pack_id(packs[2])]
+
+
+def test_a_cached_packs_manifest_is_read_from_disk(cloud, cache, tmp_path, packs):
+    cached = pack_id(packs[0])
+    cache.append(cached, 0, packs[0])
+    cache.commit(cached)
+    cloud.publish(KB, packs[:2])
+    on_demand(cloud, cache, tmp_path).sync_once()
+    assert {pid for _, pid, _, _ in cloud.ranges} == {pack_id(packs[1])}
+
+
+def test_pinned_kbs_are_fetched_whole_and_the_others_on_demand(cloud, tmp_path, packs):
+    cache = PackCache(tmp_path / "packs", FP, capacity_bytes=1)
+    hot = Target("default", "hot")
+    cloud.publish(KB, packs[:2])
+    cloud.publish(hot, packs[2:4])
+    s = on_demand(cloud, cache, tmp_path, targets=[KB, hot], pinned=[hot])
+    assert s.sync_once() == {"default/hot": 2, "default/manuals": 0}
+    assert cache.pinned == {pack_id(p) for p in packs[2:4]}
+    assert all(cache.has(pid) for pid in cache.pinned)  # kept, though over capacity
+    assert cloud.fetched() == [pack_id(p) for p in packs[2:4]]
+    assert s.fetched_packs == 2
 
 
 @pytest.mark.parametrize("spec, want", [
