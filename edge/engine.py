@@ -1,11 +1,16 @@
 """The edge engine: question → retrieve segments → load packs → strategy plan → stream tokens.
 
-Answers come only from the local state the syncer wrote (manifests + verified packs), so an
-edge keeps answering when the cloud is unreachable.
+Retrieval reads the local KB manifests the syncer wrote. A retrieved segment whose pack is
+not cached is fetched inside the ask (through the syncer's `Fetcher`: one transfer per pack
+however many questions wait on it), and a pack found damaged or gone while answering is a
+miss like any other: fetched again, a bounded number of times, so the user gets the answer
+and not PackCorrupt (docs/design.md, decision 10). Cached packs answer with the cloud down; a
+question needing a pack that cannot be fetched fails with PackUnavailable, naming them.
 """
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -14,9 +19,10 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from kvedge.common.errors import BadInput, InvalidRequest, NotFound, RequestTooLarge
+from kvedge.common.errors import (BadInput, InvalidRequest, ModelMismatch, NotFound,
+                                  RequestTooLarge)
 from kvedge.common.model.decoding import GREEDY, Decoding, Sampler
-from kvedge.common.pack.errors import PackCorrupt
+from kvedge.common.pack.errors import PackCorrupt, PackError, PackUnavailable
 from kvedge.common.pack.manifest import KVShape
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge.retrieval import BM25Index
@@ -24,7 +30,9 @@ from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.strategies import DEFAULT_STRATEGY, Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
 
+log = logging.getLogger("kvedge.edge")
 INSTRUCTION = "Answer the question using the documents above. Answer briefly."
+HEAL_ATTEMPTS = 2  # a pack found damaged or gone while answering is fetched again this often
 # Request limits: checked before anything is tokenized, loaded or allocated for a request, so
 # one request cannot take the daemon's memory (a 60,000-character question once needed 23 GB)
 MAX_QUESTION_TOKENS = 1024
@@ -65,13 +73,18 @@ class EdgeEngine:
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
     `batch_invariant` an answer is the same whatever shares its steps
     (kvedge.common.model.batch.ROW_MULTIPLE). `ask` (the services) retrieves and composes;
-    `answer` (the benchmark) takes a prompt the caller composed and runs it the same way."""
+    `answer` (the benchmark) takes a prompt the caller composed and runs it the same way.
+    `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
+    without one a missing or damaged pack fails the ask with PackCorrupt. `prefetcher` (an
+    `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
-                 max_batch: int = 16, max_queue: int = 64, batch_invariant: bool = True):
+                 fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
+                 batch_invariant: bool = True):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
+        self.fetcher, self.prefetcher = fetcher, prefetcher
         self.rt = Runtime(loaded)
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
@@ -153,27 +166,25 @@ class EdgeEngine:
             top_k: int = 3, max_new_tokens: int = 48, options: Mapping[str, str] | None = None,
             sampler: Sampler = GREEDY, stop: Sequence[str] = (), deadline: float | None = None,
             alive: Callable[[], bool] | None = None) -> Iterator[str | AskResult]:
-        """Retrieve, load the packs, answer: yield answer pieces, then one AskResult.
-        `options` are the strategy's (checked against its fields: InvalidOption if bad);
-        `sampler` picks each token (greedy by default); a `stop` string ends the answer.
-        Retrieval runs on the caller's thread, the model on the scheduler's (Overloaded when
-        its queue is full); past `deadline` (a time.monotonic() time) the request is dropped
-        with DeadlineExceeded, and once `alive()` is False with Cancelled."""
+        """Retrieve, load the packs (fetching missing ones), answer: yield answer pieces, then
+        one AskResult. `options` are the strategy's (checked against its fields:
+        InvalidOption if bad); `sampler` picks each token (greedy by default); a `stop` string
+        ends the answer. Retrieval and fetches run on the caller's thread, the model on the
+        scheduler's (Overloaded when its queue is full); past `deadline` (a time.monotonic()
+        time) the request is dropped with DeadlineExceeded, and once `alive()` is False with
+        Cancelled. The packs it reads are held from eviction until the answer is complete."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
         self.check_request(question, top_k, max_new_tokens, stop)
-        metas, composed = self.retrieve(target, question, top_k, max_new_tokens,
-                                        granular=chosen.block_granular)
-        job = _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
-                      deadline, alive)
-        try:
-            for event in self.scheduler.submit(job).events():
-                if isinstance(event, str):
-                    yield event
-        except PackCorrupt:  # an opened pack's rows were damaged on disk: drop that pack
-            for m in metas:
-                self.cache.recheck(m["pack_id"])
-            raise
+        metas, below = self.pick(target, question, top_k, max_new_tokens)
+
+        def job(composed: Composed) -> _Answer:
+            return _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
+                           deadline, alive)
+
+        with self.cache.hold(m["pack_id"] for m in metas):
+            event = yield from self._run(target, metas, question, chosen.block_granular, job,
+                                         below)
         yield AskResult(
             answer=event["answer"], ttft_s=event["first_token_s"], tpot_s=event["tpot_s"],
             tokens=event["tokens"], segments=[m["index"] for m in metas],
@@ -184,22 +195,110 @@ class EdgeEngine:
             kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
             finish_reason=event["finish_reason"])
 
+    def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
+             below: list[dict]):
+        """Yield the answer's pieces; return its costs dict. Damage found in a pack while the
+        answer decodes its rows (block-granular strategies decode them in the scheduler,
+        before the first token) drops that pack; with a fetcher, and no text sent yet, the
+        pack is fetched again and the answer run once more."""
+        for retry in (False, True):
+            composed = self.compose(self._segments(target, metas, granular), question)
+            self._offer(target, below)
+            sent = False
+            try:
+                for event in self.scheduler.submit(job(composed)).events():
+                    if isinstance(event, str):
+                        sent = True
+                        yield event
+                return event
+            except PackCorrupt as err:
+                damaged = [m for m in metas if not self.cache.recheck(m["pack_id"])]
+                if self.fetcher is None or retry or sent:
+                    raise
+                log.warning("%s: %s found damaged while answering (%s); fetching again and "
+                            "answering again", target.key, _named(damaged), err)
+                below = []
+
     def retrieve(self, target: Target, question: str, top_k: int = 3,
                  max_new_tokens: int = 48, granular: bool = False) -> tuple[list[dict], Composed]:
         """The top_k segments' manifest entries and the composed prompt over their packs
-        (decoded, or `granular`: opened, for a block-granular strategy)."""
+        (decoded, or `granular`: opened, for a block-granular strategy), missing packs
+        fetched."""
+        metas, below = self.pick(target, question, top_k, max_new_tokens)
+        composed = self.compose(self._segments(target, metas, granular), question)
+        self._offer(target, below)
+        return metas, composed
+
+    def pick(self, target: Target, question: str, top_k: int,
+             max_new_tokens: int) -> tuple[list[dict], list[dict]]:
+        """(the top_k segments' manifest entries, in prompt order; those ranked just below
+        them, for the prefetcher: none without one)."""
         with self._lock:
             kb = self._kb(target)
         # the best segment goes last, next to the question: small models copy from there
         picked = kb.index.top_k(question, top_k)[::-1]
         metas = [kb.manifest["segments"][i] for i in picked]
         self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
-        load = self.cache.segment if granular else self.cache.load
-        return metas, self.compose([load(m["pack_id"]) for m in metas], question)
+        below = []
+        if self.prefetcher is not None and self.prefetcher.depth:
+            ranked = kb.index.top_k(question, top_k + self.prefetcher.depth)
+            below = [kb.manifest["segments"][i] for i in ranked if i not in picked]
+        return metas, below
+
+    def _offer(self, target: Target, below: list[dict]) -> None:
+        """After the answer's own packs are in: the link is the answer's first."""
+        if below:
+            self.prefetcher.offer(target.namespace, below)
+
+    def _segments(self, target: Target, metas: list[dict], granular: bool) -> list:
+        """Each segment's pack, decoded (`granular`: opened), missing ones fetched first."""
+        missing = [m for m in metas if not self.cache.has(m["pack_id"])]
+        read = self.cache.segment if granular else self.cache.load
+        return [self._read(target, m, read, missing) for m in metas]
+
+    def _read(self, target: Target, meta: dict, read, missing: list[dict]):
+        """`read(pack id)`, the pack fetched first if missing; one found damaged (in transfer,
+        or on disk: the cache deleted it) or gone is fetched again, HEAL_ATTEMPTS times at
+        most, when there is a fetcher."""
+        for attempt in range(HEAL_ATTEMPTS + 1):
+            try:
+                self._fetch(target, meta, missing)
+                return read(meta["pack_id"])
+            except PackCorrupt as err:
+                if self.fetcher is None or attempt == HEAL_ATTEMPTS:
+                    raise
+                log.warning("%s: %s: %s; fetching it again", target.key, _named([meta]), err)
+
+    def _fetch(self, target: Target, meta: dict, missing: list[dict]) -> None:
+        """Fetch the segment's pack if the cache lacks it (nothing without a fetcher: reading
+        it then fails as PackCorrupt, "the cached file is gone"). A fetch failing for any
+        reason but the pack's own (damaged bytes, another model) is PackUnavailable, naming
+        every segment of the answer still missing."""
+        if self.fetcher is None:
+            return
+        try:
+            self.fetcher.fetch(target.namespace, meta["pack_id"])
+        except (PackError, ModelMismatch):
+            raise
+        except Exception as err:  # noqa: BLE001 - the cloud down, refusing, stopping
+            named = missing if any(m is meta for m in missing) else [meta, *missing]
+            still = [m for m in named if not self.cache.has(m["pack_id"])]
+            raise PackUnavailable(
+                f"{target.key}: {_named(still)} not cached on this edge, and the cloud is "
+                f"unreachable or refused the fetch ({type(err).__name__}: {err}). Questions "
+                "whose segments are cached still answer; ask again once the cloud is "
+                "reachable, or serve the KB with `kvedge serve --pin` to keep it whole on "
+                "this edge") from err
 
     def close(self) -> None:
         """Stop the scheduler: answers in flight are cancelled."""
         self.scheduler.close()
+
+
+def _named(metas: list[dict]) -> str:
+    """"segment 3 (doc.md, pack 1a2b3c4d5e6f…)", joined: what an error or a log line names."""
+    return ", ".join(f"segment {m['index']} ({m['source']}, pack {m['pack_id'][:12]}…)"
+                     for m in metas) or "no segment"
 
 
 class _Transcript:

@@ -373,7 +373,7 @@ def test_fetch_resumes_and_corrupt_packs_are_never_used(edge, cloud, tmp_path):
         cache = PackCache(tmp_path / "packs", loaded.fingerprint)
         cache.path(pack, partial=True).write_bytes(data[:100])  # a transfer that broke
         syncer = Syncer(c, cache, tmp_path, [Target("default", "served")], loaded.tokenizer.decode)
-        syncer._fetch("default", pack)
+        assert syncer.fetcher.fetch("default", pack)
         assert cache.path(pack).read_bytes() == data
         flipped = bytearray(data)
         flipped[len(data) // 2] ^= 0x40
@@ -391,8 +391,10 @@ def test_fetch_resumes_and_corrupt_packs_are_never_used(edge, cloud, tmp_path):
 
 @pytest.mark.parametrize("strategy", ["pie", "samkv"])
 def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path, strategy):
-    """Damaged after it was verified (disk rot, a stray write), then the edge restarted: the
-    ask fails with PackCorrupt once, the file is dropped, the next sync fetches it again.
+    """Damaged after it was verified (disk rot, a stray write), then the edge restarted, its
+    engine without a fetcher (a library caller; the daemon's fetches it again inside the ask:
+    tests/test_on_demand.py): the ask fails with PackCorrupt once, the file is dropped, the
+    next sync fetches it again.
     pie decodes the pack whole before answering; samkv opens it and decodes only its kept
     blocks while answering (every tensor is still checksummed on the way)."""
     loaded = load_model(MODEL)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, ModelMismatch
 
 __all__ = ["PackError", "PackCorrupt", "PackVersionError", "UnknownCodec", "InvalidCodecOption",
-           "ModelMismatch", "TransformMissing", "TransformMismatch"]
+           "ModelMismatch", "TransformMissing", "TransformMismatch", "PackUnavailable"]
 
 
 class PackError(KvedgeError):
@@ -83,3 +83,11 @@ class TransformMismatch(PackError):
         super().__init__(f"kvtc transform {digest[:16]}…: {what}. A damaged file on an edge: "
                          "delete it, its next sync fetches it again; the gateway's own copy "
                          "damaged: re-encode the KB with kvtc's embed=true")
+
+
+class PackUnavailable(PackError):
+    """Packs an answer needs are not on this edge and could not be fetched from the cloud
+    (unreachable, or refusing). Packs that are cached still answer; the message names the
+    segments and packs that were missing."""
+
+    status = "UNAVAILABLE"
