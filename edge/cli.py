@@ -1,4 +1,4 @@
-"""`kvedge`: the edge node — `serve` (sync packs, answer over gRPC), `strategies` (the reuse
+"""`kvedge`: the edge node — `serve` (sync KBs, answer over gRPC), `strategies` (the reuse
 strategies and their options), `generate` (one local chat answer with the runtime)."""
 from __future__ import annotations
 
@@ -59,8 +59,12 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--cloud", "cloud_address", default=CLOUD_ADDRESS, show_default=True)
 @click.option("--cloud-token", default=None,
               help="token for the gateway [default: $KVEDGE_TOKEN or the local admin token]")
-@click.option("--kb", "kbs", multiple=True, required=True,
-              help="KB to serve: NAME, NS/NAME or NS/NAME@VARIANT (repeatable)")
+@click.option("--kb", "kbs", multiple=True, metavar="KB",
+              help="KB to serve: NAME, NS/NAME or NS/NAME@VARIANT (repeatable); its manifest "
+              "and retrieval index are synced, a pack is fetched when a question needs it")
+@click.option("--pin", "pins", multiple=True, metavar="KB",
+              help="KB to serve whole (repeatable): every pack fetched at sync and never "
+              "evicted, so it answers with the cloud down")
 @click.option("--address", default=EDGE_ADDRESS, show_default=True)
 @click.option("--state", "state_dir", type=click.Path(), default=None,
               help="pack cache and KB manifests [default: $KVEDGE_HOME/edge]")
@@ -78,8 +82,12 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="an answer never depends on what shares its decode steps; an answer decoded "
               "alone costs ~1.6x per token for it on CPU (docs/serving.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
-@click.option("--cache-bytes", default=0, help="pack cache budget (0 = unbounded); served KBs "
-              "are pinned")
+@click.option("--cache-bytes", type=click.IntRange(0), default=0,
+              help="pack cache budget in bytes, least recently used packs evicted beyond it "
+              "(0 = unbounded); --pin KBs' packs stay")
+@click.option("--prefetch", type=click.IntRange(0, 8), default=2, show_default=True,
+              help="segments ranked just below --top-k fetched per question while the link "
+              "is idle (0 = off; off too when the cache holds fewer than 32 such packs)")
 @click.option("--http", "http_address", default=None, metavar="HOST:PORT",
               help="also serve the OpenAI-compatible API (/v1/models, /v1/chat/completions) "
               "here; same tokens and TLS as gRPC [default: off]")
@@ -92,12 +100,14 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: this edge's client certificate for the gateway")
 @click.option("--cloud-tls-key", type=click.Path(dir_okay=False), default=None,
               help="mutual TLS: the key of --cloud-tls-cert")
-def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, strategy, top_k,
-              max_new_tokens, max_batch, max_queue, batch_invariant, sync_interval, cache_bytes,
-              http_address, metrics_address, tls_mode, tls_cert, tls_key, tls_hosts,
-              tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
-    """Sync the given KBs' packs from the cloud and answer questions about them (blocks;
-    Ctrl-C or SIGTERM stops it gracefully and exits 0)."""
+def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
+              top_k, max_new_tokens, max_batch, max_queue, batch_invariant, sync_interval,
+              cache_bytes, prefetch, http_address, metrics_address, tls_mode, tls_cert, tls_key,
+              tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
+    """Serve KBs from the cloud and answer questions about them (blocks; Ctrl-C or SIGTERM
+    stops it gracefully and exits 0). A --kb KB answers as soon as its manifest is synced,
+    fetching each question's missing packs into one LRU cache of --cache-bytes; a --pin KB is
+    fetched whole first and kept."""
     import logging
     from pathlib import Path
 
@@ -108,11 +118,16 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     from kvedge.common.net.rpc import StopSignal, read_token, run_until_signal
     from kvedge.common.net.tls import check_listen, client_tls, describe, server_tls
     from kvedge.edge.engine import EdgeEngine
+    from kvedge.edge.fetcher import Fetcher
     from kvedge.edge.metrics import EdgeMetrics
     from kvedge.edge.packcache import PackCache
+    from kvedge.edge.prefetch import Prefetcher
     from kvedge.edge.server import serve
     from kvedge.edge.sync import Syncer, Target
 
+    if not kbs and not pins:
+        raise click.UsageError("name a KB to serve: --kb KB (packs on demand) or --pin KB "
+                               "(whole), each repeatable")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     state = Path(state_dir) if state_dir else home_path("edge")
     tls = server_tls(state, address, tls_mode, tls_cert, tls_key, tls_client_ca, tls_hosts)
@@ -122,22 +137,30 @@ def serve_cmd(cloud_address, cloud_token, kbs, address, state_dir, model_name, s
     if metrics_address:
         MetricsServer.check(metrics_address, tls, insecure)
     stop = StopSignal()  # from here a SIGTERM, even during start-up, ends in a clean stop
-    targets = [Target.parse(spec) for spec in kbs]
+    pinned = list(dict.fromkeys(Target.parse(spec) for spec in pins))
+    targets = pinned + [t for t in dict.fromkeys(map(Target.parse, kbs)) if t not in pinned]
     loaded = load_model(model_name)
     cache = PackCache(state / "packs", loaded.fingerprint, cache_bytes)
     cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")),
                         client_tls(cloud_tls_ca, cloud_tls_cert, cloud_tls_key))
-    syncer = Syncer(cloud, cache, state, targets, loaded.tokenizer.decode)
-    engine = EdgeEngine(loaded, cache, state, max_batch=max_batch, max_queue=max_queue,
-                        batch_invariant=batch_invariant)
+    fetcher = Fetcher(cloud, cache)  # one transfer path: sync, answers and prefetch
+    prefetcher = Prefetcher(fetcher, cache, depth=prefetch)
+    syncer = Syncer(cloud, cache, state, pinned, loaded.tokenizer.decode, on_demand=targets,
+                    fetcher=fetcher)
+    engine = EdgeEngine(loaded, cache, state, fetcher=fetcher,
+                        prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
+                        max_queue=max_queue, batch_invariant=batch_invariant)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,
                          max_new_tokens=max_new_tokens)
+    if prefetch:
+        prefetcher.start()
     click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
-               f"{[t.key for t in targets]} from {cloud_address}; token in {state / 'edge.token'}",
-               err=True)
-    stops = [engine.close, syncer.stop, cloud.close]  # engine: the scheduler thread ends
+               f"{[t.key for t in targets]} from {cloud_address} (whole: "
+               f"{[t.key for t in pinned]}); token in {state / 'edge.token'}", err=True)
+    # engine: the scheduler thread ends; syncer: its fetcher too, transfers resumable
+    stops = [engine.close, prefetcher.stop, syncer.stop, cloud.close]
     if http_address:
         from kvedge.edge.http_api import serve_http
 
