@@ -37,6 +37,12 @@ class RequestTooLarge(KvedgeError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class ContextLengthExceeded(RequestTooLarge):
+    """The prompt (a conversation, the documents, the question) and the answer do not fit the
+    model's context window, even with the oldest turns dropped (OpenAI's
+    `context_length_exceeded`)."""
+
+
 class Overloaded(KvedgeError):
     """The service's request queue is full: every answer slot is busy and the queue holds as
     many waiting requests as it may. Retry later with backoff, or spread load over more edges."""

@@ -10,7 +10,7 @@ from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, Registry
 from kvedge.common.config import configurable
 from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.net.tls import ca_option, server_options
-from kvedge.edge import DEFAULT_STRATEGY
+from kvedge.edge import DEFAULT_SESSION_BYTES, DEFAULT_STRATEGY
 
 
 def _strategies():
@@ -88,6 +88,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--prefetch", type=click.IntRange(0, 8), default=2, show_default=True,
               help="segments ranked just below --top-k fetched per question while the link "
               "is idle (0 = off; off too when the cache holds fewer than 32 such packs)")
+@click.option("--session-bytes", type=click.IntRange(0), default=DEFAULT_SESSION_BYTES,
+              show_default=True, help="KV of conversations' earlier turns kept (LRU), so a "
+              "next turn computes only its new tokens (0 = none kept)")
 @click.option("--http", "http_address", default=None, metavar="HOST:PORT",
               help="also serve the OpenAI-compatible API (/v1/models, /v1/chat/completions) "
               "here; same tokens and TLS as gRPC [default: off]")
@@ -102,7 +105,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
               top_k, max_new_tokens, max_batch, max_queue, batch_invariant, sync_interval,
-              cache_bytes, prefetch, http_address, metrics_address, tls_mode, tls_cert, tls_key,
+              cache_bytes, prefetch, session_bytes, http_address, metrics_address, tls_mode,
+              tls_cert, tls_key,
               tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
     """Serve KBs from the cloud and answer questions about them (blocks; Ctrl-C or SIGTERM
     stops it gracefully and exits 0). A --kb KB answers as soon as its manifest is synced,
@@ -149,8 +153,9 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
                     fetcher=fetcher)
     engine = EdgeEngine(loaded, cache, state, fetcher=fetcher,
                         prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
-                        max_queue=max_queue, batch_invariant=batch_invariant)
-    metrics = EdgeMetrics(daemon_registry(), cache, syncer)
+                        max_queue=max_queue, batch_invariant=batch_invariant,
+                        session_bytes=session_bytes)
+    metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,
                          max_new_tokens=max_new_tokens)

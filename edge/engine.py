@@ -13,20 +13,23 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from kvedge.common.errors import (BadInput, InvalidRequest, ModelMismatch, NotFound,
-                                  RequestTooLarge)
+from kvedge.common.errors import (BadInput, ContextLengthExceeded, InvalidRequest,
+                                  ModelMismatch, NotFound, RequestTooLarge)
 from kvedge.common.model.decoding import GREEDY, Decoding, Sampler
 from kvedge.common.pack.errors import PackCorrupt, PackError, PackUnavailable
 from kvedge.common.pack.manifest import KVShape
 from kvedge.common.model.tokenizer import chat_turn
+from kvedge.edge import DEFAULT_SESSION_BYTES
+from kvedge.edge.conversation import Conversation
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
+from kvedge.edge.sessions import PrefixCache
 from kvedge.edge.strategies import DEFAULT_STRATEGY, Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
 
@@ -59,6 +62,8 @@ class AskResult:
     kv_bytes: int = 0            # edge KV the answer attended over
     sequence_ratio: float = 1.0  # context rows kept / context tokens (SamKV's sequence ratio)
     finish_reason: str = "stop"  # "stop": end of turn or a stop string; "length": max_new_tokens
+    session_reused: int = 0      # conversation prefix tokens whose KV the session cache held
+    dropped_turns: int = 0       # oldest conversation turns left out to fit the window
 
 
 @dataclass
@@ -80,7 +85,7 @@ class EdgeEngine:
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
-                 batch_invariant: bool = True):
+                 batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
@@ -92,6 +97,7 @@ class EdgeEngine:
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
         self.kv_shape = KVShape(self.rt.n_layers, self.rt.n_kv, self.rt.head_dim)
+        self.sessions = PrefixCache(session_bytes)  # conversations' prefix KV, by token ids
         self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same
         prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
@@ -158,29 +164,48 @@ class EdgeEngine:
         total = len(self.prefix_ids) + context_tokens + n_question + max_new_tokens
         window = self.rt.config.max_position_embeddings
         if total > window:
-            raise RequestTooLarge(f"prompt ({total - max_new_tokens} tokens) + max_new_tokens "
-                                  f"({max_new_tokens}) exceed the model's {window}-token context; "
-                                  "ask with a smaller top_k or max_new_tokens")
+            raise ContextLengthExceeded(
+                f"prompt ({total - max_new_tokens} tokens) + max_new_tokens ({max_new_tokens}) "
+                f"exceed the model's {window}-token context; ask with a smaller top_k or "
+                "max_new_tokens")
 
-    def ask(self, target: Target, question: str, *, strategy: str = DEFAULT_STRATEGY,
-            top_k: int = 3, max_new_tokens: int = 48, options: Mapping[str, str] | None = None,
-            sampler: Sampler = GREEDY, stop: Sequence[str] = (), deadline: float | None = None,
-            alive: Callable[[], bool] | None = None) -> Iterator[str | AskResult]:
+    def ask(self, target: Target, question: str | Conversation, *,
+            strategy: str = DEFAULT_STRATEGY, top_k: int = 3, max_new_tokens: int = 48,
+            options: Mapping[str, str] | None = None, sampler: Sampler = GREEDY,
+            stop: Sequence[str] = (), deadline: float | None = None,
+            alive: Callable[[], bool] | None = None,
+            retrieval: str = "last") -> Iterator[str | AskResult]:
         """Retrieve, load the packs (fetching missing ones), answer: yield answer pieces, then
         one AskResult. `options` are the strategy's (checked against its fields:
         InvalidOption if bad); `sampler` picks each token (greedy by default); a `stop` string
         ends the answer. Retrieval and fetches run on the caller's thread, the model on the
         scheduler's (Overloaded when its queue is full); past `deadline` (a time.monotonic()
         time) the request is dropped with DeadlineExceeded, and once `alive()` is False with
-        Cancelled. The packs it reads are held from eviction until the answer is complete."""
+        Cancelled. The packs it reads are held from eviction until the answer is complete.
+
+        A `Conversation` (system messages, earlier turns, the last question) goes before the
+        segments as the prompt's prefix (`edge.conversation`): its oldest turns are dropped
+        to fit the window, and its KV comes from the session cache, so a next turn computes
+        only its new tokens. Retrieval ranks segments against the last question, or with
+        `retrieval="conversation"` against every user message."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
+        chat = question if isinstance(question, Conversation) else Conversation(question)
+        question = chat.question
         self.check_request(question, top_k, max_new_tokens, stop)
-        metas, below = self.pick(target, question, top_k, max_new_tokens)
+        if retrieval not in ("last", "conversation"):
+            raise InvalidRequest(f"retrieval must be 'last' or 'conversation', not {retrieval!r}")
+        metas, below = self.pick(target, chat.retrieval_query(retrieval), top_k,
+                                 max_new_tokens, question)
+        prefix, dropped = self.prefix(chat, sum(m["n_tokens"] for m in metas), question,
+                                      max_new_tokens)
 
         def job(composed: Composed) -> _Answer:
+            if prefix is not None:
+                composed = replace(composed, prefix_ids=prefix, prefix_keys=None,
+                                   prefix_values=None)
             return _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
-                           deadline, alive)
+                           deadline, alive, self.sessions if prefix is not None else None)
 
         with self.cache.hold(m["pack_id"] for m in metas):
             event = yield from self._run(target, metas, question, chosen.block_granular, job,
@@ -193,7 +218,20 @@ class EdgeEngine:
             strategy=chosen.name,
             prompt_tokens=event["prompt_tokens"], recomputed_tokens=event["recomputed"],
             kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
-            finish_reason=event["finish_reason"])
+            finish_reason=event["finish_reason"], session_reused=event["session_reused"],
+            dropped_turns=dropped)
+
+    def prefix(self, chat: Conversation, context_tokens: int, question: str,
+               max_new_tokens: int) -> tuple[list[int] | None, int]:
+        """The conversation's prefix ids with its oldest turns dropped until the prompt and
+        the answer fit the window, and how many were dropped; (None, 0) for a lone question
+        with the template's own system message (the engine's fixed chat prefix)."""
+        if not chat.history and chat.system is None:
+            return None, 0
+        window = self.rt.config.max_position_embeddings
+        budget = window - context_tokens - len(self.question_ids(question)) - max_new_tokens
+        _, ids, dropped = chat.fit(self.tok, budget)
+        return ids, dropped
 
     def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
              below: list[dict]):
@@ -229,19 +267,21 @@ class EdgeEngine:
         self._offer(target, below)
         return metas, composed
 
-    def pick(self, target: Target, question: str, top_k: int,
-             max_new_tokens: int) -> tuple[list[dict], list[dict]]:
-        """(the top_k segments' manifest entries, in prompt order; those ranked just below
-        them, for the prefetcher: none without one)."""
+    def pick(self, target: Target, query: str, top_k: int, max_new_tokens: int,
+             question: str | None = None) -> tuple[list[dict], list[dict]]:
+        """(the top_k segments' manifest entries ranked against `query`, in prompt order;
+        those ranked just below them, for the prefetcher: none without one). The prompt is
+        checked to fit with `question` (default: the query) and the fixed chat prefix."""
+        question = query if question is None else question
         with self._lock:
             kb = self._kb(target)
         # the best segment goes last, next to the question: small models copy from there
-        picked = kb.index.top_k(question, top_k)[::-1]
+        picked = kb.index.top_k(query, top_k)[::-1]
         metas = [kb.manifest["segments"][i] for i in picked]
         self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
         below = []
         if self.prefetcher is not None and self.prefetcher.depth:
-            ranked = kb.index.top_k(question, top_k + self.prefetcher.depth)
+            ranked = kb.index.top_k(query, top_k + self.prefetcher.depth)
             below = [kb.manifest["segments"][i] for i in ranked if i not in picked]
         return metas, below
 
@@ -344,13 +384,18 @@ class _Answer(Job):
 
     def __init__(self, tok, composed: Composed, strategy, max_new_tokens: int, sampler: Sampler,
                  stop: Sequence[str], start: float, deadline: float | None,
-                 alive: Callable[[], bool] | None):
+                 alive: Callable[[], bool] | None, sessions: PrefixCache | None = None):
         super().__init__(deadline, alive)
         self.composed, self.strategy, self.max_new_tokens = composed, strategy, max_new_tokens
         self.sampler, self.started, self.plan = sampler, start, None
         self.text = _Transcript(tok, stop)
+        self.sessions, self.reused = sessions, 0  # a conversation's prefix KV comes from it
 
     def start(self, rt) -> Decoding:
+        if self.sessions is not None:  # on the model's thread: it may prefill new turns
+            kv = self.sessions.kv(rt, self.composed.prefix_ids)
+            self.composed = replace(self.composed, prefix_keys=kv.keys, prefix_values=kv.values)
+            self.reused = kv.reused
         self.plan = self.strategy.plan(rt, self.composed, reserve=self.max_new_tokens)
         return Decoding.start(rt, self.plan, self.max_new_tokens, sampler=self.sampler,
                               stop_ids=(self.text.eos,))
@@ -364,4 +409,5 @@ class _Answer(Job):
     def finish(self) -> None:
         if rest := self.text.stops.flush():
             self.put(rest)
-        self.put(self.text.costs(self.started, self.plan, self.composed))
+        self.put({**self.text.costs(self.started, self.plan, self.composed),
+                  "session_reused": self.reused})

@@ -4,9 +4,14 @@ Clients written for OpenAI, vLLM or SGLang talk to an edge unchanged:
 
 - `GET /v1/models`: every KB the edge serves is a model, with its address as id:
   `NS/NAME` or `NS/NAME@VARIANT` (docs/design.md, decision 8). A request may leave out `default/`.
-- `POST /v1/chat/completions`: the last user message is the question, answered from the
-  model's KB by the same `EdgeEngine` as gRPC Ask (system messages and earlier turns are not
-  part of the prompt: the KB is the context). `stream` (SSE) or not; `max_tokens` (or
+- `POST /v1/chat/completions`: the whole conversation is the prompt, rendered by the
+  model's chat template (`edge.conversation`): system messages, the earlier turns, then the
+  segments retrieved from the model's KB and the last user message, the question, answered by
+  the same `EdgeEngine` as gRPC Ask. The oldest turns are dropped when the conversation does
+  not fit the window (`usage.dropped_turns`), and the KV of a conversation's earlier turns is
+  kept, so a next turn computes only its new tokens (`kvedge.session_reused`). Retrieval
+  ranks against the last user message (`kvedge.retrieval`: "conversation" for all of them).
+  `stream` (SSE) or not; `max_tokens` (or
   `max_completion_tokens`), `temperature` (default 0 = greedy, not OpenAI's 1: answers from a
   KB should repeat), `top_p`, `seed`, `stop`. The reuse strategy, its options and the number
   of segments come in the extension field `kvedge` (OpenAI's python client: `extra_body=
@@ -41,10 +46,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from kvedge.common.net.auth import Principal, TokenStore
-from kvedge.common.errors import InvalidOption, InvalidRequest, KvedgeError, NotFound
+from kvedge.common.errors import (BadInput, InvalidOption, InvalidRequest, KvedgeError,
+                                  NotFound)
 from kvedge.common.model.decoding import Sampler
 from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.common.net.metrics import RequestLog, RequestLogMiddleware, request_log
+from kvedge.edge.conversation import Conversation
 from kvedge.edge.engine import MAX_NEW_TOKENS, MAX_TOP_K, AskResult, EdgeEngine
 from kvedge.edge.metrics import EdgeMetrics
 from kvedge.edge.strategies import UnknownStrategy
@@ -125,6 +132,8 @@ class KvedgeOptions(BaseModel):
     strategy: str | None = None
     options: dict[str, str | int | float | bool] = {}
     top_k: int | None = Field(None, ge=1, le=MAX_TOP_K)  # segments retrieved
+    # what retrieval ranks segments against: the last user message, or all of them
+    retrieval: Literal["last", "conversation"] = "last"
 
 
 class StreamOptions(BaseModel):
@@ -158,11 +167,13 @@ class ChatRequest(BaseModel):
             if getattr(self, name) not in (None, value):
                 raise BadParameter(name, f"this edge supports only {name}={value}")
 
-    def question(self) -> str:
-        users = [m for m in self.messages if m.role == "user"]
-        if not users:
-            raise BadParameter("messages", "no user message: the last one is the question")
-        return users[-1].text()
+    def conversation(self) -> Conversation:
+        """System and developer messages, the turns before the last user message, and that
+        message, the question (tool messages are not part of the prompt)."""
+        try:
+            return Conversation.of_messages([(m.role, m.text()) for m in self.messages])
+        except BadInput as err:
+            raise BadParameter("messages", str(err).removeprefix("messages: ")) from None
 
     def sampler(self) -> Sampler:
         """Unset fields take their defaults (greedy, top_p 1, unseeded); out of range is
@@ -226,11 +237,11 @@ class OpenAIApi:
             log.note(namespace=target.namespace, kb=target.kb, variant=target.variant)
         ext = req.kvedge
         events = self.engine.ask(
-            target, req.question(), strategy=ext.strategy or self.strategy,
+            target, req.conversation(), strategy=ext.strategy or self.strategy,
             top_k=ext.top_k or self.top_k,
             max_new_tokens=req.max_completion_tokens or req.max_tokens or self.max_new_tokens,
             options={k: str(v) for k, v in ext.options.items()}, sampler=req.sampler(),
-            stop=req.stops())
+            stop=req.stops(), retrieval=ext.retrieval)
         events = self.metrics.answers(events, log)
         first = next(events)
         return target.key, _chain(first, events)
@@ -281,8 +292,11 @@ def _head(model: str, kind: str) -> dict:
 
 
 def _usage(done: AskResult) -> dict:
+    """OpenAI's counts; `dropped_turns`: the oldest conversation turns left out of the
+    prompt to fit the model's window (0 when the whole conversation was read)."""
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.tokens,
-            "total_tokens": done.prompt_tokens + done.tokens}
+            "total_tokens": done.prompt_tokens + done.tokens,
+            "dropped_turns": done.dropped_turns}
 
 
 def _costs(done: AskResult) -> dict:

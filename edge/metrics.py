@@ -20,9 +20,11 @@ TPOT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5)
 
 class EdgeMetrics:
     """The edge's answer metrics in `registry` (none given: a private one nobody scrapes), and
-    the sync and pack-cache counts of `syncer` and `cache` when given."""
+    the sync, pack-cache and session-cache counts of `syncer`, `cache` and `sessions` (an
+    `edge.sessions.PrefixCache`) when given."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, cache=None, syncer=None):
+    def __init__(self, registry: CollectorRegistry | None = None, cache=None, syncer=None,
+                 sessions=None):
         self.registry = r = registry if registry is not None else CollectorRegistry()
         self.http = RequestMetrics(r, "http", ("method", "route"))
         self.ttft = Histogram("kvedge_edge_ttft_seconds", "time to the first answer token "
@@ -39,8 +41,8 @@ class EdgeMetrics:
                                registry=r)
         self.waiting = Gauge("kvedge_edge_asks_waiting", "answers before their first token: "
                              "queued for the model, or retrieving and prefilling", registry=r)
-        if cache is not None or syncer is not None:
-            r.register(_Counts(cache, syncer))
+        if cache is not None or syncer is not None or sessions is not None:
+            r.register(_Counts(cache, syncer, sessions))
 
     def answers(self, events: Iterator, log: RequestLog | None = None) -> Iterator:
         """`events` (an engine.ask stream) passed through, observed: the in-flight and waiting
@@ -73,12 +75,29 @@ class EdgeMetrics:
 
 
 class _Counts:
-    """A collector reading the syncer's and the pack cache's counters when scraped."""
+    """A collector reading the syncer's, the pack cache's and the session cache's counters
+    when scraped."""
 
-    def __init__(self, cache, syncer):
-        self.cache, self.syncer = cache, syncer
+    def __init__(self, cache, syncer, sessions=None):
+        self.cache, self.syncer, self.sessions = cache, syncer, sessions
 
     def collect(self):
+        if self.sessions is not None:
+            stats = self.sessions.stats
+            prefixes = CounterMetricFamily("kvedge_edge_session_prefixes", "conversation "
+                                           "prefixes served: whole from the session cache "
+                                           "(hit), extended from a shorter one (extended), "
+                                           "computed from nothing (miss)", labels=["outcome"])
+            for outcome in ("hit", "extended", "miss"):
+                prefixes.add_metric([outcome], getattr(stats, {"hit": "hits", "miss": "misses"}
+                                                       .get(outcome, outcome)))
+            yield prefixes
+            yield CounterMetricFamily("kvedge_edge_session_reused_tokens", "conversation "
+                                      "prefix tokens whose KV the session cache held",
+                                      value=stats.reused_tokens)
+            yield CounterMetricFamily("kvedge_edge_session_evictions", "conversation prefixes "
+                                      "dropped from the session cache (over --session-bytes)",
+                                      value=stats.evictions)
         if self.syncer is not None:
             yield CounterMetricFamily("kvedge_edge_sync_fetched_bytes", "bytes fetched from "
                                       "the cloud: packs (by sync, by answers and by prefetch), "

@@ -52,7 +52,7 @@ class EdgeService(pb_grpc.EdgeServicer):
                 if not context.is_active():  # cancelled, or past the shutdown grace
                     return
                 if isinstance(event, AskResult):
-                    yield pb.AskEvent(done=pb.AskDone(**asdict(event)))
+                    yield pb.AskEvent(done=_done(event))
                 else:
                     yield pb.AskEvent(text=event)
         except (Cancelled, DeadlineExceeded):
@@ -90,3 +90,10 @@ def serve(engine: EdgeEngine, state_dir: Path, address: str = "127.0.0.1:50052",
     if syncer is not None:
         syncer.start(sync_interval)
     return server, port
+
+
+def _done(result: AskResult) -> pb.AskDone:
+    """The final event on the wire: an Ask carries one question, not a conversation, so the
+    conversation's counts (session reuse, dropped turns: always 0 here) are not sent."""
+    fields = pb.AskDone.DESCRIPTOR.fields_by_name
+    return pb.AskDone(**{k: v for k, v in asdict(result).items() if k in fields})

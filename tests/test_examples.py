@@ -359,8 +359,10 @@ def start_daemon(example: Example, w: World, where: Where):
     folder = w.home / f"daemon-{os.urandom(4).hex()}"
     if parsed.name == "kvctl cloud up":
         proc = GatewayProcess(folder, TINY, w.ray, *rest)
-    else:
-        proc = EdgeProcess(folder, w.gateway.address, w.gateway.token, [], TINY, *rest)
+    else:  # a prose mention (`kvedge serve` writes a token) serves a KB as a user must
+        named = parsed.params.get("kbs") or parsed.params.get("pins")
+        proc = EdgeProcess(folder, w.gateway.address, w.gateway.token,
+                           [] if named else w.edge.kbs[:1], TINY, *rest)
     Daemon.start(proc)
     return proc, parsed
 

@@ -4,6 +4,7 @@ registry served by a MetricsServer; calls that succeed and fail, then /metrics s
 HTTP and the counters read by their labels. Counters are compared before and after each
 test's calls, so the tests do not depend on each other's order.
 """
+import json
 import logging
 import re
 import ssl
@@ -88,9 +89,9 @@ def edge(cloud):
     cache = PackCache(state / "packs", loaded.fingerprint)
     syncer = Syncer(cloud["client"], cache, state, [Target("default", "served")],
                     loaded.tokenizer.decode)
-    metrics = EdgeMetrics(daemon_registry(), cache, syncer)
     syncer.sync_once()
     engine = EdgeEngine(loaded, cache, state)
+    metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve_edge(engine, state, "127.0.0.1:0", metrics=metrics)
     http = serve_http(engine, state, [Target("default", "served")], "127.0.0.1:0",
                       max_new_tokens=4, metrics=metrics)
@@ -236,6 +237,31 @@ def test_http_api_serves_metrics_and_request_ids(edge, caplog):
     lines = [r.getMessage() for r in caplog.records if "id=http-1 " in r.getMessage()]
     assert any("kb=served" in line and "status=200" in line and "tokens=4" in line
                for line in lines), lines
+
+
+def test_session_cache_counts_a_conversations_turns(edge):
+    """Turn 1 of a conversation computes its prefix (a miss), turn 2 extends it (the KV of
+    turn 1's prefix reused), a repeat of turn 2 finds it whole (a hit)."""
+    def turn(messages):
+        body = json.dumps({"model": "default/served", "max_tokens": 2, "messages": messages})
+        req = urllib.request.Request(edge["http"] + "/v1/chat/completions", data=body.encode(),
+                                     headers={"Authorization": f"Bearer {edge['token']}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as reply:
+            return json.loads(reply.read())
+
+    first = [{"role": "system", "content": "Session metrics."},
+             {"role": "user", "content": "alpha?"}]
+    before = scrape(edge["metrics"])
+    answer = turn(first)["choices"][0]["message"]["content"]
+    second = [*first, {"role": "assistant", "content": answer},
+              {"role": "user", "content": "and beta?"}]
+    reused = [turn(second)["kvedge"]["session_reused"] for _ in range(2)]
+    after = scrape(edge["metrics"])
+    for outcome in ("miss", "extended", "hit"):
+        assert delta(before, after, "kvedge_edge_session_prefixes_total",
+                     outcome=outcome) == 1, outcome
+    assert delta(before, after, "kvedge_edge_session_reused_tokens_total") == sum(reused) > 0
 
 
 # ---------------------------------------------------------------------- the gateway

@@ -234,11 +234,54 @@ def test_a_question_needs_a_user_message(edge):
             model="reg", messages=[{"role": "system", "content": "hi"}])
 
 
+TURN_1 = [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "What is the alpha code?"}]
+
+
+def test_a_conversation_is_the_prompt_and_its_next_turn_reuses_its_kv(edge):
+    """Earlier turns and the system message are read (more prompt tokens than the bare
+    question); turn 2 reuses the KV of turn 1's prefix, and a repeat of turn 2 all of its
+    own; the answer is the same whether the prefix KV was computed or found (greedy)."""
+    def ask(messages):
+        return client(edge).chat.completions.create(model="reg", messages=messages,
+                                                    max_tokens=4)
+
+    bare = ask(TURN_1[1:])
+    first = ask(TURN_1)
+    assert first.usage.prompt_tokens > bare.usage.prompt_tokens
+    assert bare.kvedge["session_reused"] == 0 and first.usage.dropped_turns == 0
+    turn_2 = [*TURN_1, {"role": "assistant", "content": first.choices[0].message.content},
+              {"role": "user", "content": "And the beta code?"}]
+    second, again = ask(turn_2), ask(turn_2)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    assert 0 < second.kvedge["session_reused"] < again.kvedge["session_reused"]
+    assert again.choices[0].message.content == second.choices[0].message.content
+
+
+def test_a_long_history_loses_its_oldest_turns_and_a_too_long_prompt_is_400(edge):
+    turns = []
+    for i in range(12):  # ~12 × 2 × 450 byte-tokens: over tiny-llama's 2,048
+        turns += [{"role": "user", "content": f"Question {i}? " + "word " * 90},
+                  {"role": "assistant", "content": "answer " * 60}]
+    out = client(edge).chat.completions.create(
+        model="reg", messages=[*turns, {"role": "user", "content": "And now?"}], max_tokens=4)
+    assert out.usage.dropped_turns > 0 and out.usage.prompt_tokens <= 2048
+    reply = httpx.post(f"{edge['url']}/chat/completions",
+                       headers={"Authorization": f"Bearer {edge['token']}"},
+                       json={"model": "reg", "max_tokens": 4, "messages": [
+                           {"role": "system", "content": "rule " * 600},
+                           {"role": "user", "content": "And now?"}]})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["code"] == "context_length_exceeded", error
+
+
 def test_grpc_answers_beside_http_from_the_same_daemon(edge):
     with EdgeClient(edge["grpc"], edge["token"]) as c:
         done = list(c.ask("default", "reg", "What is the alpha code?", max_new_tokens=6))[-1]
     assert isinstance(done, pb.AskDone) and done.finish_reason in ("length", "stop")
-    assert done.answer == chat(edge).choices[0].message.content
+    # the same question without QUESTION's system message, which is part of an HTTP prompt
+    alone = client(edge).chat.completions.create(model="reg", messages=QUESTION[1:], max_tokens=6)
+    assert done.answer == alone.choices[0].message.content
 
 
 def test_https_with_the_daemons_certificate(tmp_path):
