@@ -108,7 +108,9 @@ def run_demo(model_name: str, keep: bool = False, echo=print, codec: str = DEFAU
                  f"full KV {fp16 / 1e6:.1f} MB: {fp16 / packed:.2f}× fewer bytes")
         echo(f"starting the edge daemon on {edge_addr}")
         env = {**os.environ, "KVEDGE_TOKEN": token}
-        children.append(start("edge", ["serve", "--cloud", cloud_addr, "--kb", "default/demo",
+        # --pin: every pack fetched before the first question, so each strategy's TTFT is its
+        # own and not the first ask's transfer (`--kb` fetches packs on demand)
+        children.append(start("edge", ["serve", "--cloud", cloud_addr, "--pin", "default/demo",
                                        "--address", edge_addr, "--state", str(root / "edge"),
                                        "--model", model_name, "--sync-interval", "1"],
                               root / "edge.log", env))
