@@ -74,7 +74,7 @@ class Conversation:
         single question, with the system message and the turns before it)."""
         text = tokenizer.apply_chat_template(self.messages(), add_generation_prompt=True,
                                              tokenize=False)
-        head, _ = text.split(CONTENT)
+        head, _ = text.rsplit(CONTENT, 1)  # the last one: earlier turns may hold the byte too
         return tokenizer(head)["input_ids"]
 
     def dropping_oldest(self) -> "Conversation | None":

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -29,7 +29,7 @@ from kvedge.edge import DEFAULT_SESSION_BYTES
 from kvedge.edge.conversation import Conversation
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
-from kvedge.edge.sessions import PrefixCache
+from kvedge.edge.sessions import PrefixCache, PrefixKV
 from kvedge.edge.strategies import DEFAULT_STRATEGY, Composed, get_strategy
 from kvedge.edge.sync import Target, manifest_path
 
@@ -64,6 +64,7 @@ class AskResult:
     finish_reason: str = "stop"  # "stop": end of turn or a stop string; "length": max_new_tokens
     session_reused: int = 0      # conversation prefix tokens whose KV the session cache held
     dropped_turns: int = 0       # oldest conversation turns left out to fit the window
+    sources: list[str] = field(default_factory=list)  # the segments' files, in prompt order
 
 
 @dataclass
@@ -101,6 +102,8 @@ class EdgeEngine:
         self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same
         prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
+        # every conversation's prefix starts as a lone question's does: a second turn extends it
+        self.sessions.put(tuple(self.prefix_ids), PrefixKV(prefix.keys, prefix.values))
 
     def _kb(self, target: Target) -> _KB:
         path = manifest_path(self.state_dir, target)
@@ -174,7 +177,7 @@ class EdgeEngine:
             options: Mapping[str, str] | None = None, sampler: Sampler = GREEDY,
             stop: Sequence[str] = (), deadline: float | None = None,
             alive: Callable[[], bool] | None = None,
-            retrieval: str = "last") -> Iterator[str | AskResult]:
+            retrieval: str = "last", keep: bool = False) -> Iterator[str | AskResult]:
         """Retrieve, load the packs (fetching missing ones), answer: yield answer pieces, then
         one AskResult. `options` are the strategy's (checked against its fields:
         InvalidOption if bad); `sampler` picks each token (greedy by default); a `stop` string
@@ -187,7 +190,9 @@ class EdgeEngine:
         segments as the prompt's prefix (`edge.conversation`): its oldest turns are dropped
         to fit the window, and its KV comes from the session cache, so a next turn computes
         only its new tokens. Retrieval ranks segments against the last question, or with
-        `retrieval="conversation"` against every user message."""
+        `retrieval="conversation"` against every user message. With `keep` (a chat client,
+        likely to send a next turn) the next turn's prefix — this question and its answer
+        appended — is computed when the edge is idle, so that turn finds it whole."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
         chat = question if isinstance(question, Conversation) else Conversation(question)
@@ -197,8 +202,8 @@ class EdgeEngine:
             raise InvalidRequest(f"retrieval must be 'last' or 'conversation', not {retrieval!r}")
         metas, below = self.pick(target, chat.retrieval_query(retrieval), top_k,
                                  max_new_tokens, question)
-        prefix, dropped = self.prefix(chat, sum(m["n_tokens"] for m in metas), question,
-                                      max_new_tokens)
+        prefix, dropped, kept = self.prefix(chat, sum(m["n_tokens"] for m in metas), question,
+                                            max_new_tokens)
 
         def job(composed: Composed) -> _Answer:
             if prefix is not None:
@@ -210,6 +215,8 @@ class EdgeEngine:
         with self.cache.hold(m["pack_id"] for m in metas):
             event = yield from self._run(target, metas, question, chosen.block_granular, job,
                                          below)
+        if keep:
+            self.keep_turn(kept, event["answer"])
         yield AskResult(
             answer=event["answer"], ttft_s=event["first_token_s"], tpot_s=event["tpot_s"],
             tokens=event["tokens"], segments=[m["index"] for m in metas],
@@ -219,19 +226,27 @@ class EdgeEngine:
             prompt_tokens=event["prompt_tokens"], recomputed_tokens=event["recomputed"],
             kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
             finish_reason=event["finish_reason"], session_reused=event["session_reused"],
-            dropped_turns=dropped)
+            dropped_turns=dropped, sources=[m.get("source", "") for m in metas])
 
     def prefix(self, chat: Conversation, context_tokens: int, question: str,
-               max_new_tokens: int) -> tuple[list[int] | None, int]:
+               max_new_tokens: int) -> tuple[list[int] | None, int, Conversation]:
         """The conversation's prefix ids with its oldest turns dropped until the prompt and
-        the answer fit the window, and how many were dropped; (None, 0) for a lone question
-        with the template's own system message (the engine's fixed chat prefix)."""
+        the answer fit the window, how many were dropped, and the conversation kept; None for
+        the ids of a lone question with the template's own system message (the engine's
+        fixed chat prefix)."""
         if not chat.history and chat.system is None:
-            return None, 0
+            return None, 0, chat
         window = self.rt.config.max_position_embeddings
         budget = window - context_tokens - len(self.question_ids(question)) - max_new_tokens
-        _, ids, dropped = chat.fit(self.tok, budget)
-        return ids, dropped
+        kept, ids, dropped = chat.fit(self.tok, budget)
+        return ids, dropped, kept
+
+    def keep_turn(self, chat: Conversation, answer: str) -> None:
+        """Compute the KV of the prefix a next turn of `chat` starts with (its question and
+        `answer` become history) when the edge is idle (`Scheduler.when_idle`)."""
+        turn = (("user", chat.question), ("assistant", answer))
+        ids = Conversation("", chat.history + turn, chat.system).prefix_ids(self.tok)
+        self.scheduler.when_idle(lambda rt: self.sessions.kv(rt, ids))
 
     def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
              below: list[dict]):

@@ -41,7 +41,7 @@ from typing import Iterator, Literal
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -58,6 +58,8 @@ from kvedge.edge.strategies import UnknownStrategy
 from kvedge.edge.sync import Target, manifest_path
 
 log = logging.getLogger("kvedge.edge.http")
+# the chat page at / (plain HTML and JS, package data: nothing fetched from elsewhere)
+CHAT_PAGE = Path(__file__).parent / "web" / "chat.html"
 
 # gRPC status of a named error → (HTTP status, OpenAI error type): google.rpc.Code's HTTP
 # mapping, except RESOURCE_EXHAUSTED (kvedge's oversized request: 400 like OpenAI's
@@ -241,7 +243,7 @@ class OpenAIApi:
             top_k=ext.top_k or self.top_k,
             max_new_tokens=req.max_completion_tokens or req.max_tokens or self.max_new_tokens,
             options={k: str(v) for k, v in ext.options.items()}, sampler=req.sampler(),
-            stop=req.stops(), retrieval=ext.retrieval)
+            stop=req.stops(), retrieval=ext.retrieval, keep=True)  # a chat: a next turn
         events = self.metrics.answers(events, log)
         first = next(events)
         return target.key, _chain(first, events)
@@ -339,6 +341,10 @@ def create_app(api: OpenAIApi) -> FastAPI:
         return JSONResponse(error_body(str(err.detail), "invalid_request_error",
                                        re.sub(r"\W+", "_", str(err.detail)).lower()),
                             status_code=err.status_code)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():  # no token: the page asks for one, and every API call it makes carries it
+        return HTMLResponse(CHAT_PAGE.read_text())
 
     @app.get("/health")
     def health():

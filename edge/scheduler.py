@@ -15,6 +15,10 @@ running pause while a burst is started (`max_starts` bounds the pause).
 
 Requests wait in a bounded queue: beyond `max_waiting` a submit raises Overloaded
 (RESOURCE_EXHAUSTED). `waiting` and `running` are the queue depth and the batch size.
+
+Work that helps a later request but no current one (computing a conversation's next prefix,
+`EdgeEngine.ask(keep=True)`) is queued with `when_idle` and runs only when no request waits
+or runs; at most `MAX_IDLE` such tasks are held, the oldest dropped first.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from kvedge.common.errors import Cancelled, DeadlineExceeded, KvedgeError, Overl
 
 log = logging.getLogger("kvedge.scheduler")
 _END = object()
+MAX_IDLE = 8  # idle tasks held; a newer one pushes out the oldest
 
 
 class Job:
@@ -103,6 +108,8 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._starting: Job | None = None  # between the queue and the batch: its prefill
+        self._idle: deque[Callable] = deque(maxlen=MAX_IDLE)  # run when nothing else is
+        self._idle_running = False
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -141,12 +148,35 @@ class Scheduler:
                                  f"{len(self._waiting)} waiting, its limit; retry later "
                                  "(with backoff) or ask another edge")
             self._waiting.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="scheduler",
-                                                daemon=True)
-                self._thread.start()
+            self._ensure_thread()
             self._wake.notify()
         return job
+
+    def _ensure_thread(self) -> None:
+        """The scheduler thread starts on the first submit (under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+            self._thread.start()
+
+    def when_idle(self, task: Callable) -> None:
+        """Run `task(rt)` on the scheduler thread once no request waits or runs (dropped if
+        the scheduler closes first, or pushed out by MAX_IDLE newer ones)."""
+        with self._wake:
+            if self._closed:
+                return
+            self._idle.append(task)
+            self._ensure_thread()
+            self._wake.notify()
+
+    def settle(self, timeout: float = 60.0) -> bool:
+        """Wait until nothing is held — no request, no idle task queued or running (a user's
+        pause between turns, in tests and the benchmark); False if `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight or self._idle or self._idle_running:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def close(self, timeout: float = 10.0) -> None:
         """Refuse new jobs, cancel the ones held, and stop the thread."""
@@ -154,6 +184,7 @@ class Scheduler:
             self._closed = True
             for job in [*self._waiting, *self._running]:
                 job.cancel()
+            self._idle.clear()
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -168,14 +199,32 @@ class Scheduler:
                 self._start(job)
             if self._running:
                 self._step()
+            elif task := self._next_idle():
+                self._run_idle(task)
 
     def _wait_for_work(self) -> bool:
-        """Block until a job is held; False once closed and every job has left."""
+        """Block until a job or an idle task is held; False once closed and every job has
+        left."""
         with self._wake:
-            while not (self._waiting or self._running or self._closed):
+            while not (self._waiting or self._running or self._idle or self._closed):
                 self._wake.wait()
             self._drop_gone()
             return not self._closed or bool(self._waiting or self._running)
+
+    def _next_idle(self) -> Callable | None:
+        with self._wake:
+            if self._waiting or self._running or not self._idle:
+                return None
+            return self._idle.popleft()
+
+    def _run_idle(self, task: Callable) -> None:
+        self._idle_running = True
+        try:
+            task(self.rt)
+        except Exception:  # noqa: BLE001 - it served no request; the next one will do it
+            log.exception("idle task failed")
+        finally:
+            self._idle_running = False
 
     def _next_start(self) -> Job | None:
         """The next waiting job, if the batch has room for it."""

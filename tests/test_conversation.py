@@ -44,6 +44,8 @@ def test_a_lone_question_has_the_engines_chat_prefix(tok):
     text = tok.decode(chat.prefix_ids(tok))
     assert text.index("Answer in one word.") < text.index("Gamma.") < len(text)
     assert text.endswith("<|im_start|>user\n") and "And who directed it?" not in text
+    odd = Conversation("q?", (("user", "a \x00 byte"), ("assistant", "\x00")))
+    assert tok.decode(odd.prefix_ids(tok)).endswith("\x00<|im_end|>\n<|im_start|>user\n")
 
 
 def test_the_oldest_turns_are_dropped_to_fit_and_the_system_message_stays(tok):

@@ -258,10 +258,12 @@ def test_session_cache_counts_a_conversations_turns(edge):
               {"role": "user", "content": "and beta?"}]
     reused = [turn(second)["kvedge"]["session_reused"] for _ in range(2)]
     after = scrape(edge["metrics"])
-    for outcome in ("miss", "extended", "hit"):
-        assert delta(before, after, "kvedge_edge_session_prefixes_total",
-                     outcome=outcome) == 1, outcome
-    assert delta(before, after, "kvedge_edge_session_reused_tokens_total") == sum(reused) > 0
+    counts = {outcome: delta(before, after, "kvedge_edge_session_prefixes_total",
+                             outcome=outcome) for outcome in ("miss", "extended", "hit")}
+    # turn 1's own prefix is new; turn 2's is extended from it (by turn 2, or by the idle edge
+    # after turn 1's answer, as each answer's next prefix is), and the repeat finds it
+    assert counts["miss"] == 1 and counts["extended"] >= 1 and counts["hit"] >= 1, counts
+    assert delta(before, after, "kvedge_edge_session_reused_tokens_total") >= sum(reused) > 0
 
 
 # ---------------------------------------------------------------------- the gateway

@@ -254,7 +254,8 @@ def test_a_conversation_is_the_prompt_and_its_next_turn_reuses_its_kv(edge):
               {"role": "user", "content": "And the beta code?"}]
     second, again = ask(turn_2), ask(turn_2)
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
-    assert 0 < second.kvedge["session_reused"] < again.kvedge["session_reused"]
+    # turn 1's prefix at least (turn 2's whole when the idle edge computed it after turn 1)
+    assert 0 < second.kvedge["session_reused"] <= again.kvedge["session_reused"]
     assert again.choices[0].message.content == second.choices[0].message.content
 
 
