@@ -196,6 +196,14 @@ class PackCache:
             if deferred:
                 self.evict()
 
+    def clear(self) -> None:
+        """Forget every pack: files and decoded contexts (an edge starting cold, for the
+        benchmark); pinned packs too."""
+        with self._lock:
+            self._decoded.clear()
+        for path in self.root.glob("*.kvp"):
+            path.unlink(missing_ok=True)
+
     def evict(self) -> list[str]:
         """Drop packs, oldest access first, until within capacity; pinned and held packs
         stay (so a budget below one answer's packs is exceeded while that answer runs)."""

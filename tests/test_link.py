@@ -88,3 +88,18 @@ def test_grpc_runs_over_the_link():
 def test_a_link_needs_a_bandwidth():
     with pytest.raises(ValueError, match="bandwidth"):
         LinkEmulator("127.0.0.1:1", mbit_s=0)
+
+
+def test_an_on_demand_edge_behind_the_link_answers_cold_then_warm(tmp_path):
+    """bench/link_ttft.py on the tiny model: the manifest synced through the link, a cold
+    question's packs fetched through it inside the ask, the same question warm."""
+    from kvedge.bench.link_ttft import run, table
+
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    for i in range(4):
+        (kb / f"doc{i}.md").write_text(f"# Doc {i}\n\n" + f"The code of doc {i} is {i}{i}. " * 30)
+    (row,) = run("tiny-llama", kb, ["What is the code of doc 2?"], links=((50, 10),),
+                 echo=lambda *_: None)
+    assert row["cold_ttft_s"] > row["warm_ttft_s"] > 0 and row["sync_s"] > 0
+    assert "50 Mbit/s, 10 ms" in table([row])

@@ -250,3 +250,12 @@ def test_segment_opens_a_cold_pack_without_decoding_it_and_recheck_drops_damage(
     cache.path(ids[1]).write_bytes(bytes(data))
     assert not cache.recheck(ids[1]) and not cache.has(ids[1])
     assert not cache.recheck(ids[1])  # gone: nothing to keep
+
+
+def test_clear_forgets_every_pack_file_and_decoded_context(tmp_path):
+    cache = PackCache(tmp_path, "fp")
+    for name in ("a" * 64, "b" * 64):
+        cache.path(name).write_bytes(b"pack")
+    cache._decoded["a" * 64] = object()  # as a load would have left it
+    cache.clear()
+    assert not list(tmp_path.glob("*.kvp")) and not cache._decoded

@@ -1,0 +1,132 @@
+"""Cold and warm time to first token of an on-demand edge behind an emulated link.
+
+`python -m kvedge.bench.link_ttft` (issue 26, deliverable 4): a gateway in this process (Ray
+in-process) ingests a KB; for each link (`bench.link.LinkEmulator`: bandwidth per direction,
+20 ms round trip) a fresh edge state syncs the KB's manifest and retrieval index through the
+link (`kvedge serve --kb`: no pack fetched), then, per question, through `EdgeEngine.ask`:
+
+- *cold*: the edge's pack cache emptied first, so the question's packs cross the link inside
+  the ask (fetched whole, verified, then loaded: fetch-then-answer, the only schedule built);
+- *warm*: the same question again, its packs cached;
+- *local prefill*: `recompute` over the cached packs' text — what an edge without packs
+  would do (full prefill of the prompt).
+
+TTFTs are medians over the questions; the ratios are cold / local prefill, per link.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+LINKS = ((10, 20), (100, 20), (1000, 20))  # (Mbit/s per direction, RTT ms)
+
+
+def gateway(model: str, folder: Path, data: Path, segment_tokens: int = 256):
+    """A gateway on loopback with `folder` ingested as default/bench: (server, address, token)."""
+    from kvedge.cloud.gateway import GatewayConfig, serve
+    from kvedge.cloud.workers import start_ray
+    from kvedge.common.net.cloud_client import CloudClient
+
+    start_ray(num_cpus=2)
+    server, _, port = serve(GatewayConfig(data, model=model, segment_tokens=segment_tokens),
+                            "127.0.0.1:0")
+    address, token = f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()
+    with CloudClient(address, token) as cloud:
+        cloud.upload(folder, "default", "bench")
+        cloud.wait_ready("default", "bench")
+    return server, address, token
+
+
+def over_link(loaded, address: str, token: str, link: tuple[float, float],
+              questions: list[str], state: Path, max_new_tokens: int) -> dict:
+    """One link's sync time and per-question cold/warm/local TTFTs (seconds)."""
+    from kvedge.bench.link import LinkEmulator
+    from kvedge.common.net.cloud_client import CloudClient
+    from kvedge.edge.engine import EdgeEngine
+    from kvedge.edge.fetcher import Fetcher
+    from kvedge.edge.packcache import PackCache
+    from kvedge.edge.sync import Syncer, Target
+
+    target = Target("default", "bench")
+    with LinkEmulator(address, *link) as emulated, CloudClient(emulated.address, token) as cloud:
+        cache = PackCache(state / "packs", loaded.fingerprint)
+        fetcher = Fetcher(cloud, cache)
+        start = time.perf_counter()
+        Syncer(cloud, cache, state, [], loaded.tokenizer.decode, on_demand=[target],
+               fetcher=fetcher).sync_once()
+        synced = time.perf_counter() - start
+        engine = EdgeEngine(loaded, cache, state, fetcher=fetcher)
+        rows = []
+        for question in questions:
+            cache.clear()
+            cold = _ask(engine, target, question, max_new_tokens)
+            warm = _ask(engine, target, question, max_new_tokens)
+            local = _ask(engine, target, question, max_new_tokens, "recompute")
+            rows.append({"cold": cold, "warm": warm, "local": local})
+        engine.close()
+        return {"sync_s": synced, "link_bytes": emulated.bytes, "rows": rows}
+
+
+def _ask(engine, target, question: str, max_new_tokens: int, strategy: str = "") -> float:
+    from kvedge.edge import DEFAULT_STRATEGY
+
+    *_, done = engine.ask(target, question, strategy=strategy or DEFAULT_STRATEGY,
+                          max_new_tokens=max_new_tokens)
+    return done.ttft_s
+
+
+def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tokens: int = 4,
+        echo=print) -> list[dict]:
+    from kvedge.common.model.models import load_model
+
+    root = Path(tempfile.mkdtemp(prefix="kvlink-"))
+    server, address, token = gateway(model, folder, root / "cloud")
+    loaded = load_model(model)
+    out = []
+    try:
+        for link in links:
+            got = over_link(loaded, address, token, link, questions, root / f"edge-{link[0]}",
+                            max_new_tokens)
+            med = {k: median(r[k] for r in got["rows"]) for k in ("cold", "warm", "local")}
+            out.append({"mbit_s": link[0], "rtt_ms": link[1], "sync_s": got["sync_s"],
+                        **{f"{k}_ttft_s": v for k, v in med.items()},
+                        "cold_over_local": med["cold"] / med["local"],
+                        "questions": len(questions)})
+            echo(out[-1])
+    finally:
+        server.stop(0)
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| link | manifest sync s | cold TTFT s | warm TTFT s | local prefill TTFT s | "
+             "cold / local |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mbit_s']:g} Mbit/s, {r['rtt_ms']:g} ms | {r['sync_s']:.2f} | "
+                     f"{r['cold_ttft_s']:.2f} | {r['warm_ttft_s']:.2f} | "
+                     f"{r['local_ttft_s']:.2f} | {r['cold_over_local']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+
+    from kvedge.apps.demo import DEMO_KB
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--kb", type=Path, default=DEMO_KB)
+    ap.add_argument("--questions", type=int, default=5)
+    args = ap.parse_args(argv)
+    asked = json.loads((args.kb / "questions.json").read_text())[:args.questions]
+    rows = run(args.model, args.kb, [q["question"] for q in asked])
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
