@@ -48,17 +48,28 @@ def qa_row(r: dict) -> list:
             r["questions"]]
 
 
+def _group_key(r: dict) -> tuple:
+    return r["suite"], r["task"], r["length"], r["items"], r["seed"]
+
+
+def _groups(rows: list[dict]) -> list[list[dict]]:
+    """Cells over the same questions (a run of 100 items is another table than one of 50)."""
+    return [[r for r in rows if _group_key(r) == key]
+            for key in sorted({_group_key(r) for r in rows})]
+
+
 def qa_tables(rows: list[dict]) -> list[str]:
-    """Markdown lines: one table per real task × length, settings by median TTFT ratio."""
+    """Markdown lines: one table per real task × length × items, settings by median TTFT
+    ratio."""
     real = [r for r in rows if r["task"] in REAL_TASKS and r.get("f1") is not None]
     out = []
-    for suite, task, length in sorted({(r["suite"], r["task"], r["length"]) for r in real}):
-        group = [r for r in real if (r["suite"], r["task"], r["length"]) == (suite, task, length)]
+    for group in _groups(real):
+        suite, task, length, items, _ = _group_key(group[0])
         cached = max(r.get("ceiling_cached") or 0 for r in group)
-        note = f" ({CEILING[suite]}'s answers of {cached} questions read from an earlier run)" \
+        note = f"; {CEILING[suite]}'s answers of {cached} questions read from an earlier run" \
             if cached else ""
         unit = "paragraphs" if task == HOTPOT_FIXED else "tokens"
-        out += [f"### {task} @ {length} {unit}{note}", "",
+        out += [f"### {task} @ {length} {unit}, {items} items (seed {group[0]['seed']}){note}", "",
                 "| " + " | ".join(head(CEILING[suite])) + " |", "|" + "---|" * 11]
         for r in sorted(group, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
                                               _label(r))):

@@ -171,7 +171,8 @@ def test_hotpot_fixed_runs_end_to_end_and_a_later_run_reuses_the_ceilings(fake_d
     rows = run("recompute,epic,legolink")  # only legolink is new; recompute is read back
     assert rows["legolink"]["ceiling_cached"] == 3 and rows["legolink"]["questions"] == 3
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "### hotpot-fixed @ 10 paragraphs (recompute's answers of 3 questions" in report
+    assert ("### hotpot-fixed @ 10 paragraphs, 3 items (seed 0); recompute's answers of 3 "
+            "questions read from an earlier run") in report
     assert "| legolink |" in report
 
 
