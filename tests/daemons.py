@@ -101,14 +101,15 @@ class EdgeProcess(Daemon):
     """`kvedge serve` on a fixed loopback port, syncing every half second."""
 
     def __init__(self, state: Path, cloud_address: str, cloud_token: str, kbs: list[str],
-                 model: str, *extra: str):
+                 model: str, *extra: str, pin: bool = False):
+        """`pin`: serve the KBs whole (`--pin`: every pack fetched at sync), else on demand."""
         self.state, self.address = Path(state), f"127.0.0.1:{free_port()}"
         self.kbs = kbs
         args = ["serve", "--cloud", cloud_address, "--cloud-token", cloud_token,
                 "--address", self.address, "--state", str(state), "--model", model,
                 "--sync-interval", "0.5", "--max-new-tokens", "8", *extra]
         for kb in kbs:
-            args += ["--kb", kb]
+            args += ["--pin" if pin else "--kb", kb]
         super().__init__("kvedge.edge.cli:main", args, Path(f"{state}.log"))
 
     def manifest(self, kb: str) -> Path:

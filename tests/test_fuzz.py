@@ -74,8 +74,10 @@ def cloud(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def edge(cloud, tmp_path_factory):
+    # pinned: every pack is local before the first ask, so a test's asks write nothing (an
+    # on-demand edge would fetch packs, which the `untouched` check would see)
     edge = EdgeProcess(tmp_path_factory.mktemp("fuzz-edge") / "state", cloud.address,
-                       cloud.token, ["default/kb"], MODEL).start()
+                       cloud.token, ["default/kb"], MODEL, pin=True).start()
     edge.channel = grpc.insecure_channel(edge.address)
     edge.rss_at_start = edge.peak_rss()
     yield edge
