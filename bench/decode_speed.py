@@ -1,0 +1,83 @@
+"""Milliseconds per decoded token, side by side in one process (issue 28's first look).
+
+`python -m kvedge.bench.decode_speed [--model M] [--context 1300] [--steps 20] [--threads 2]`:
+one request over a dense cache of `context` random tokens, each path timed over `steps - 1`
+steps after a warm one:
+
+- the scheduler's `decode_step`, unpadded and padded to `ROW_MULTIPLE` rows (the served
+  default, batch-invariant), and `Runtime.forward` of one token (`bench.load.decode_costs`);
+- transformers' own forward with its `DynamicCache` (the reference implementation);
+- one pass over every 2-D weight with one row, in fp32, bf16 and fp16: what the matmuls of a
+  step cost at each precision (decode on a CPU is bound by reading the weights).
+"""
+from __future__ import annotations
+
+import time
+
+
+def transformers_ms(loaded, context: int, steps: int, seed: int = 0) -> float:
+    import torch
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, loaded.config.vocab_size, (1, context), generator=gen)
+    with torch.no_grad():
+        cache = DynamicCache(config=loaded.config)
+        token = loaded.model(ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax()
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            token = loaded.model(token.view(1, 1), past_key_values=cache,
+                                 use_cache=True).logits[0, -1].argmax()
+            times.append(time.perf_counter() - start)
+    return sum(times[1:]) / (len(times) - 1) * 1e3
+
+
+def weight_pass_ms(loaded, dtype, repeats: int = 10) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    weights = [p.detach().to(dtype) for p in loaded.model.parameters() if p.dim() == 2]
+    rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=dtype) for w in weights}
+
+    def one_pass():
+        for w in weights:
+            F.linear(rows[w.shape[1]], w)
+    one_pass()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        one_pass()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    import torch
+
+    from kvedge.bench.load import decode_costs
+    from kvedge.common.model.models import load_model
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--context", type=int, default=1300)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    costs = decode_costs(args.model, args.context, batches=(1,), steps=args.steps)
+    loaded = load_model(args.model)
+    rows = {**{k: v * 1e3 for k, v in costs.items()},
+            "transformers forward with its cache": transformers_ms(loaded, args.context,
+                                                                   args.steps)}
+    print(f"{args.model}, {args.context}-token cache, {args.threads} threads")
+    print("| path | ms per token |\n|---|---|")
+    for name, ms in rows.items():
+        print(f"| {name} | {ms:.1f} |")
+    print("| weights, one row | ms per pass |\n|---|---|")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        print(f"| {str(dtype).removeprefix('torch.')} | {weight_pass_ms(loaded, dtype):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
