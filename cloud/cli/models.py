@@ -78,8 +78,9 @@ def verify_cmd(model_name, tokens, tolerance):
     click.echo(f"model {loaded.name}  fingerprint {loaded.fingerprint[:16]}  "
                f"({loaded.config.model_type}, {loaded.config.num_hidden_layers} layers)")
     checks = verify_runtime(Runtime(loaded), n_tokens=tokens, tolerance=tolerance)
+    width = max(len(check.name) for check in checks)
     for check in checks:
-        click.echo(f"  {'ok  ' if check.ok else 'FAIL'} {check.name:48s} "
+        click.echo(f"  {'ok  ' if check.ok else 'FAIL'} {check.name:{width}s} "
                    f"max|Δlogits| = {check.max_abs_diff:.2e}")
     if not all(c.ok for c in checks):
         click.echo(f"runtime is NOT exact on this model (tolerance {tolerance:g})", err=True)
