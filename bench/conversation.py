@@ -52,9 +52,8 @@ def turn_3(engine, target, turns: list[tuple[str, str]], strategy: str, max_new_
     """Turn 3's AskResult from an empty session cache; `warm`: turns 1 and 2 asked first, as
     the conversation went (their prefixes cached, not timed)."""
     from kvedge.edge.conversation import Conversation
-    from kvedge.edge.sessions import PrefixCache
 
-    engine.sessions = PrefixCache(engine.sessions.budget_bytes)
+    engine.sessions.clear()
     asks = [Conversation(turns[k][1], tuple(turns[:k])) for k in (0, 2)] if warm else []
     for chat in [*asks, Conversation(QUESTIONS[2], tuple(turns))]:
         engine.scheduler.settle()  # the user reads the answer: the edge is idle meanwhile

@@ -158,13 +158,16 @@ class EdgeEngine:
             raise InvalidRequest(f"give at most {MAX_STOPS} stop strings of 1-{MAX_STOP_CHARS} "
                                  "characters each")
 
-    def check_fits(self, context_tokens: int, question: str, max_new_tokens: int) -> None:
-        """The composed prompt and the answer within the model's context window."""
+    def check_fits(self, context_tokens: int, question: str, max_new_tokens: int,
+                   n_prefix: int | None = None) -> None:
+        """The composed prompt and the answer within the model's context window, behind a
+        prefix of `n_prefix` tokens (default: the engine's fixed chat prefix)."""
         n_question = len(self.question_ids(question))
         if n_question > MAX_QUESTION_TOKENS:
             raise RequestTooLarge(f"the question has {n_question} tokens; at most "
                                   f"{MAX_QUESTION_TOKENS} are allowed")
-        total = len(self.prefix_ids) + context_tokens + n_question + max_new_tokens
+        n_prefix = len(self.prefix_ids) if n_prefix is None else n_prefix
+        total = n_prefix + context_tokens + n_question + max_new_tokens
         window = self.rt.config.max_position_embeddings
         if total > window:
             raise ContextLengthExceeded(
@@ -200,8 +203,10 @@ class EdgeEngine:
         self.check_request(question, top_k, max_new_tokens, stop)
         if retrieval not in ("last", "conversation"):
             raise InvalidRequest(f"retrieval must be 'last' or 'conversation', not {retrieval!r}")
+        # a conversation's own prefix, not the fixed one, is fitted to the window by prefix()
+        n_prefix = None if self.lone(chat) else 0
         metas, below = self.pick(target, chat.retrieval_query(retrieval), top_k,
-                                 max_new_tokens, question)
+                                 max_new_tokens, question, n_prefix)
         prefix, dropped, kept = self.prefix(chat, sum(m["n_tokens"] for m in metas), question,
                                             max_new_tokens)
 
@@ -234,12 +239,18 @@ class EdgeEngine:
         the answer fit the window, how many were dropped, and the conversation kept; None for
         the ids of a lone question with the template's own system message (the engine's
         fixed chat prefix)."""
-        if not chat.history and chat.system is None:
+        if self.lone(chat):
             return None, 0, chat
         window = self.rt.config.max_position_embeddings
         budget = window - context_tokens - len(self.question_ids(question)) - max_new_tokens
         kept, ids, dropped = chat.fit(self.tok, budget)
         return ids, dropped, kept
+
+    @staticmethod
+    def lone(chat: Conversation) -> bool:
+        """A question with no history and the template's own system message: its prefix is
+        the engine's fixed chat prefix."""
+        return not chat.history and chat.system is None
 
     def keep_turn(self, chat: Conversation, answer: str) -> None:
         """Compute the KV of the prefix a next turn of `chat` starts with (its question and
@@ -283,17 +294,19 @@ class EdgeEngine:
         return metas, composed
 
     def pick(self, target: Target, query: str, top_k: int, max_new_tokens: int,
-             question: str | None = None) -> tuple[list[dict], list[dict]]:
+             question: str | None = None,
+             n_prefix: int | None = None) -> tuple[list[dict], list[dict]]:
         """(the top_k segments' manifest entries ranked against `query`, in prompt order;
         those ranked just below them, for the prefetcher: none without one). The prompt is
-        checked to fit with `question` (default: the query) and the fixed chat prefix."""
+        checked to fit with `question` (default: the query) behind `n_prefix` tokens
+        (`check_fits`)."""
         question = query if question is None else question
         with self._lock:
             kb = self._kb(target)
         # the best segment goes last, next to the question: small models copy from there
         picked = kb.index.top_k(query, top_k)[::-1]
         metas = [kb.manifest["segments"][i] for i in picked]
-        self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens)
+        self.check_fits(sum(m["n_tokens"] for m in metas), question, max_new_tokens, n_prefix)
         below = []
         if self.prefetcher is not None and self.prefetcher.depth:
             ranked = kb.index.top_k(query, top_k + self.prefetcher.depth)

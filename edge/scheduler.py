@@ -41,7 +41,7 @@ class Job:
     means; the base class is the plumbing between the scheduler thread and the caller's:
 
     - `start(rt)`, on the scheduler thread: plan and run the prompt; returns the
-      `kvedge.common.model.generate.Decoding` holding the first token;
+      `kvedge.common.model.decoding.Decoding` holding the first token;
     - `on_token(token)`, on the scheduler thread, for every token in order: `put` what the
       caller should see; True when the answer is complete (a stop token or string);
     - `finish()`, on the scheduler thread, once, when it is complete or out of tokens.
@@ -212,13 +212,15 @@ class Scheduler:
             return not self._closed or bool(self._waiting or self._running)
 
     def _next_idle(self) -> Callable | None:
+        """The oldest idle task if no request waits or runs, marked running under the lock
+        (so `settle` never sees it neither queued nor running)."""
         with self._wake:
             if self._waiting or self._running or not self._idle:
                 return None
+            self._idle_running = True
             return self._idle.popleft()
 
     def _run_idle(self, task: Callable) -> None:
-        self._idle_running = True
         try:
             task(self.rt)
         except Exception:  # noqa: BLE001 - it served no request; the next one will do it

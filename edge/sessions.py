@@ -58,6 +58,7 @@ class PrefixCache:
 
     def __post_init__(self):
         self._entries: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
+        self._bytes = 0  # the entries' nbytes, kept as they come and go
         self._lock = threading.Lock()
 
     def kv(self, rt, ids: list[int]) -> PrefixKV:
@@ -88,13 +89,21 @@ class PrefixCache:
     def put(self, key: tuple[int, ...], kv: PrefixKV) -> None:
         """Keep `kv` as the KV of the token ids `key` (evicting beyond the budget)."""
         with self._lock:
+            if key in self._entries:
+                self._bytes -= self._entries.pop(key).nbytes
             self._entries[key] = PrefixKV(kv.keys, kv.values)
-            total = sum(e.nbytes for e in self._entries.values())
-            while self._entries and (total > self.budget_bytes
+            self._bytes += kv.nbytes
+            while self._entries and (self._bytes > self.budget_bytes
                                      or len(self._entries) > self.max_entries):
                 _, dropped = self._entries.popitem(last=False)
-                total -= dropped.nbytes
+                self._bytes -= dropped.nbytes
                 self.stats.evictions += 1
+
+    def clear(self) -> None:
+        """Forget every prefix (a benchmark's cold start; the counts are kept)."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
 
 
 def _extend(rt, stored: PrefixKV | None, n: int, key: tuple[int, ...]) -> PrefixKV:

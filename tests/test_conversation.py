@@ -87,3 +87,15 @@ def test_the_session_cache_keeps_to_its_budget_least_recently_used_first(rt):
     sessions.kv(rt, c)
     assert sessions.stats.evictions == 1
     assert sessions.kv(rt, a).reused == 20 and sessions.kv(rt, b).reused == 0
+
+
+def test_putting_a_prefix_again_counts_its_bytes_once_and_clear_forgets_all(rt):
+    a, b = list(range(10, 30)), list(range(40, 60))
+    one = PrefixCache().kv(rt, a)
+    sessions = PrefixCache(budget_bytes=2 * one.nbytes)
+    for _ in range(3):
+        sessions.put(tuple(a), one)  # the engine seeds its fixed prefix like this
+    sessions.kv(rt, b)
+    assert sessions.stats.evictions == 0 and sessions.kv(rt, a).reused == 20
+    sessions.clear()
+    assert sessions.kv(rt, a).reused == 0
