@@ -12,14 +12,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from daemons import in_process_gateway
 from kvedge.common.errors import NotFound
 from kvedge.common.net.cloud_client import CloudClient
-from kvedge.cloud.gateway import GatewayConfig, serve
 from kvedge.common.errors import BadInput
-from kvedge.cloud.workers import start_ray
 from kvedge.common.net.auth import InvalidName, PermissionDenied, TokenStore, Unauthenticated
 from kvedge.common.errors import ModelMismatch
-from kvedge.common.model.models import load_model
+from kvedge.common.model.models import DEFAULT_MODEL, load_model
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.common.net.rpc import metadata
@@ -53,12 +52,9 @@ DOCS = {
 
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory):
-    start_ray(num_cpus=2)
     data = tmp_path_factory.mktemp("cloud")
-    server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48),
-                                  "127.0.0.1:0")
-    token = (data / "admin.token").read_text().strip()
-    yield {"address": f"127.0.0.1:{port}", "token": token, "gateway": gateway, "data": data,
+    server, gateway, address, token = in_process_gateway(data, MODEL, 48)
+    yield {"address": address, "token": token, "gateway": gateway, "data": data,
            "server": server}
     server.stop(0)
 
@@ -432,12 +428,11 @@ def test_edge_keeps_answering_when_the_cloud_is_down(edge, cloud, tmp_path):
 @pytest.mark.smollm
 def test_smollm2_answers_from_synced_packs(tmp_path_factory):
     """The embedded model answers a real question through the whole path."""
-    start_ray(num_cpus=2)
     data = tmp_path_factory.mktemp("cloud-smol")
-    server, _, port = serve(GatewayConfig(data, segment_tokens=256), "127.0.0.1:0")
-    loaded = load_model("smollm2-135m-instruct")
+    server, _, address, token = in_process_gateway(data, DEFAULT_MODEL, 256)
+    loaded = load_model(DEFAULT_MODEL)
     try:
-        with CloudClient(f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()) as c:
+        with CloudClient(address, token) as c:
             upload_ready(c, SMALL_KB, "small")
             state = data / "edge"
             cache = PackCache(state / "packs", loaded.fingerprint)

@@ -17,8 +17,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvedge.cloud.gateway import GatewayConfig, serve
-from kvedge.cloud.workers import start_ray
+from daemons import in_process_gateway
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.errors import InsecureListen, InvalidRequest
 from kvedge.common.net.metrics import MetricsServer, daemon_registry
@@ -66,14 +65,11 @@ def write_kb(folder, docs=DOCS):
 
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory):
-    start_ray(num_cpus=2)
-    data = tmp_path_factory.mktemp("cloud")
     registry = daemon_registry()
-    server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48),
-                                  "127.0.0.1:0", registry=registry)
+    server, gateway, address, token = in_process_gateway(tmp_path_factory.mktemp("cloud"),
+                                                         MODEL, 48, registry=registry)
     metrics = MetricsServer("127.0.0.1:0", registry)
-    token = (data / "admin.token").read_text().strip()
-    with CloudClient(f"127.0.0.1:{port}", token) as client:
+    with CloudClient(address, token) as client:
         client.upload(write_kb(tmp_path_factory.mktemp("kb") / "kb"), "default", "served")
         info = client.wait_ready("default", "served", timeout=120)
         yield {"client": client, "token": token, "metrics": metrics.url, "gateway": gateway,

@@ -16,9 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from daemons import EdgeProcess
-from kvedge.cloud.gateway import GatewayConfig, serve
-from kvedge.cloud.workers import start_ray
+from daemons import EdgeProcess, in_process_gateway
 from kvedge.common.errors import BadInput
 from kvedge.common.model.models import load_model
 from kvedge.common.net.cloud_client import CloudClient
@@ -50,11 +48,8 @@ def upload(client, folder, name="towns"):
 
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory):
-    start_ray(num_cpus=2)
-    data = tmp_path_factory.mktemp("cloud")
-    server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=24),
-                                  "127.0.0.1:0")
-    address, token = f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()
+    server, gateway, address, token = in_process_gateway(tmp_path_factory.mktemp("cloud"),
+                                                         MODEL, 24)
     with CloudClient(address, token) as client:
         info = upload(client, tmp_path_factory.mktemp("kb"))
     yield {"address": address, "token": token, "info": info, "gateway": gateway,
@@ -234,9 +229,8 @@ def test_a_transfer_damaged_on_the_wire_is_fetched_again_inside_the_ask(cloud, t
 
 def test_the_cloud_down_cached_packs_answer_and_missing_ones_are_named(cloud, tmp_path):
     data = tmp_path / "own-cloud"
-    server, gateway, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=24),
-                                  "127.0.0.1:0")
-    own = {"address": f"127.0.0.1:{port}", "token": (data / "admin.token").read_text().strip()}
+    server, gateway, address, token = in_process_gateway(data, MODEL, 24)
+    own = {"address": address, "token": token}
     try:
         with CloudClient(own["address"], own["token"]) as c:
             upload(c, tmp_path)

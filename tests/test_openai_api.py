@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 
-from kvedge.cloud.gateway import GatewayConfig, serve
-from kvedge.cloud.workers import start_ray
+from daemons import in_process_gateway
 from kvedge.common.net.auth import TokenStore
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.net.edge_client import EdgeClient
@@ -35,10 +34,8 @@ VARIANT = "none-1-int4"  # the batch job's variant: no eviction, int4 codec
 
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory):
-    start_ray(num_cpus=2)
-    data = tmp_path_factory.mktemp("cloud")
-    server, _, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48), "127.0.0.1:0")
-    yield {"address": f"127.0.0.1:{port}", "token": (data / "admin.token").read_text().strip()}
+    server, _, address, token = in_process_gateway(tmp_path_factory.mktemp("cloud"), MODEL, 48)
+    yield {"address": address, "token": token}
     server.stop(0)
 
 

@@ -15,10 +15,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from daemons import in_process_gateway
 from kvedge.cloud.catalog import Catalog, JobRecord
 from kvedge.apps.kvctl import kvctl
-from kvedge.cloud.gateway import GatewayConfig, serve
-from kvedge.cloud.workers import start_ray
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.model.models import load_model
 from kvedge.common.pack.format import open_pack
@@ -32,12 +31,9 @@ JOB_TIMEOUT = 180
 def cloud(tmp_path_factory):
     import ray
 
-    start_ray(num_cpus=2)
     data = tmp_path_factory.mktemp("cloud")
-    server, gateway, port = serve(GatewayConfig(data, model=MODEL,
-                                                segment_tokens=SEGMENT_TOKENS), "127.0.0.1:0")
-    token = (data / "admin.token").read_text().strip()
-    yield {"address": f"127.0.0.1:{port}", "token": token, "data": data, "gateway": gateway,
+    server, gateway, address, token = in_process_gateway(data, MODEL, SEGMENT_TOKENS)
+    yield {"address": address, "token": token, "data": data, "gateway": gateway,
            "ray": ray.get_runtime_context().gcs_address}
     server.stop(0)
     gateway.pool.shutdown()  # its actor's CPU back to the cluster other modules share

@@ -17,10 +17,9 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
+from daemons import in_process_gateway
 from kvedge.apps.kvctl import kvctl
 from kvedge.apps.demo import free_port
-from kvedge.cloud.gateway import GatewayConfig, serve
-from kvedge.cloud.workers import start_ray
 from kvedge.common.net import tls
 from kvedge.common.net.auth import PermissionDenied, TokenStore, Unauthenticated
 from kvedge.common.net.cloud_client import CloudClient
@@ -47,13 +46,10 @@ def mode(path: Path) -> int:
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory):
     """A gateway over TLS (`--tls auto` material in its data dir) with one ready KB."""
-    start_ray(num_cpus=2)
     data = tmp_path_factory.mktemp("cloud")
     server_tls = tls.server_tls(data, "127.0.0.1:0", "auto", None, None)
-    server, _, port = serve(GatewayConfig(data, model=MODEL, segment_tokens=48), "127.0.0.1:0",
-                            tls=server_tls)
-    info = {"address": f"127.0.0.1:{port}", "token": (data / "admin.token").read_text().strip(),
-            "data": data, "ca": data / "tls" / "ca.pem"}
+    server, _, address, token = in_process_gateway(data, MODEL, 48, tls=server_tls)
+    info = {"address": address, "token": token, "data": data, "ca": data / "tls" / "ca.pem"}
     kb = tmp_path_factory.mktemp("kb")
     for name, text in DOCS.items():
         (kb / name).write_text(text)
