@@ -29,7 +29,7 @@ import click
 
 from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord, variant_name
 from kvedge.common.net.auth import InvalidName, check_variant
-from kvedge.common.errors import BadInput, InvalidRequest, KvedgeError, ModelMismatch
+from kvedge.common.errors import BadInput, InvalidRequest, ModelMismatch
 
 log = logging.getLogger("kvedge.jobs")
 
