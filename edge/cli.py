@@ -81,6 +81,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
               help="an answer never depends on what shares its decode steps; an answer decoded "
               "alone costs ~1.6x per token for it on CPU (docs/serving.md)")
+@click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
+              help="rows a decode step may fill with draft tokens copied from the prompt "
+              "(prompt-lookup speculation; greedy answers unchanged) [default: 8; 0 = off]")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "
@@ -104,9 +107,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--cloud-tls-key", type=click.Path(dir_okay=False), default=None,
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
-              top_k, max_new_tokens, max_batch, max_queue, batch_invariant, sync_interval,
-              cache_bytes, prefetch, session_bytes, http_address, metrics_address, tls_mode,
-              tls_cert, tls_key,
+              top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
+              sync_interval, cache_bytes, prefetch, session_bytes, http_address, metrics_address,
+              tls_mode, tls_cert, tls_key,
               tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
     """Serve KBs from the cloud and answer questions about them (blocks; Ctrl-C or SIGTERM
     stops it gracefully and exits 0). A --kb KB answers as soon as its manifest is synced,
@@ -154,7 +157,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
     engine = EdgeEngine(loaded, cache, state, fetcher=fetcher,
                         prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
                         max_queue=max_queue, batch_invariant=batch_invariant,
-                        session_bytes=session_bytes)
+                        session_bytes=session_bytes, spec_rows=spec_rows)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,

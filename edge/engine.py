@@ -78,7 +78,8 @@ class EdgeEngine:
     """Answers questions about synced KBs through the scheduler: concurrent answers share
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
     `batch_invariant` an answer is the same whatever shares its steps
-    (kvedge.common.model.batch.ROW_MULTIPLE). `ask` (the services) retrieves and composes;
+    (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
+    rows a step from their prompt (default SPEC_ROWS; 0 = off). `ask` (the services) retrieves and composes;
     `answer` (the benchmark) takes a prompt the caller composed and runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
     without one a missing or damaged pack fails the ask with PackCorrupt. `prefetcher` (an
@@ -86,7 +87,8 @@ class EdgeEngine:
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
-                 batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES):
+                 batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
+                 spec_rows: int | None = None):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
@@ -94,7 +96,8 @@ class EdgeEngine:
         self.rt = Runtime(loaded)
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
-        self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant)
+        self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant,
+                                   spec_rows=spec_rows)
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
         self.kv_shape = KVShape(self.rt.n_layers, self.rt.n_kv, self.rt.head_dim)
@@ -426,7 +429,7 @@ class _Answer(Job):
             self.reused = kv.reused
         self.plan = self.strategy.plan(rt, self.composed, reserve=self.max_new_tokens)
         return Decoding.start(rt, self.plan, self.max_new_tokens, sampler=self.sampler,
-                              stop_ids=(self.text.eos,))
+                              stop_ids=(self.text.eos,), lookup=self.composed.all_ids())
 
     def on_token(self, token: int) -> bool:
         piece, done = self.text.push(token)
@@ -438,4 +441,5 @@ class _Answer(Job):
         if rest := self.text.stops.flush():
             self.put(rest)
         self.put({**self.text.costs(self.started, self.plan, self.composed),
-                  "session_reused": self.reused})
+                  "session_reused": self.reused, "decode_steps": self.decoding.steps,
+                  "drafted": self.decoding.drafted, "accepted": self.decoding.accepted})

@@ -3,7 +3,9 @@
 Orca-style iteration-level scheduling (Yu et al., OSDI 2022): between two decode steps the
 scheduler drops what is cancelled or past its deadline, starts the waiting requests the batch
 has room for (at most `max_starts`), then runs one batched decode step
-(`kvedge.common.model.batch.decode_step`) for every running one.
+(`kvedge.common.model.batch.decode_step`) for every running one. The rows a step pays for
+anyway — the padding that keeps answers batch-invariant, up to `spec_rows` — carry greedy
+requests' draft tokens (prompt lookup), so a step can give a request several tokens.
 
 Starting a request — its strategy's plan and the forward over the prompt, up to its first
 token — runs alone: those forwards already have hundreds of rows (compute-bound on a CPU, so
@@ -99,12 +101,16 @@ class Scheduler:
     """Owns the runtime: runs `Job`s, up to `max_batch` decoding together, `max_waiting` queued."""
 
     def __init__(self, rt, max_batch: int = 16, max_waiting: int = 64,
-                 max_starts: int | None = None, invariant: bool = True):
+                 max_starts: int | None = None, invariant: bool = True,
+                 spec_rows: int | None = None):
         if max_batch < 1 or max_waiting < 0 or (max_starts is not None and max_starts < 1):
             raise ValueError("need max_batch ≥ 1, max_waiting ≥ 0 and max_starts ≥ 1")
         self.rt, self.max_batch, self.max_waiting = rt, max_batch, max_waiting
         self.max_starts = max_starts or max_batch  # starts between two decode steps
         self.invariant = invariant  # steps padded so no answer depends on its neighbours
+        if spec_rows is None:
+            from kvedge.common.model.batch import SPEC_ROWS as spec_rows
+        self.spec_rows = spec_rows  # rows a step may fill with drafts (0: no speculation)
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._starting: Job | None = None  # between the queue and the batch: its prefill
@@ -266,7 +272,7 @@ class Scheduler:
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
         try:
             decode_step(self.rt, [job.decoding for job in jobs],
-                        ROW_MULTIPLE if self.invariant else 1)
+                        ROW_MULTIPLE if self.invariant else 1, self.spec_rows)
         except Exception as err:  # noqa: BLE001 - a broken step fails the requests in it
             log.exception("batched decode step failed")
             self._end(jobs, err)
@@ -274,9 +280,11 @@ class Scheduler:
         self._end([job for job in jobs if self._emit(job)])
 
     def _emit(self, job: Job) -> bool:
-        """Hand the job its newest token; True (and the job closed) once it is complete."""
+        """Hand the job the tokens its last forward picked, in order; True (and the job
+        closed) once it is complete."""
         try:
-            done = job.on_token(job.decoding.token) or job.decoding.finished
+            decoding = job.decoding
+            done = any(job.on_token(token) for token in decoding.fresh) or decoding.finished
             if done:
                 job.finish()
                 job.close()

@@ -36,12 +36,28 @@ from kvedge.common.model.runtime import Runtime, rms_norm
 # ones in the last bits.
 ROW_MULTIPLE = 4
 
+# Rows a step may fill with draft tokens (prompt lookup, `kvedge.common.model.speculate`).
+# Decode on a CPU reads every weight once per step whatever its row count up to a few rows:
+# one pass over SmolLM2's weights in fp32 on 2 cores took 63 ms for 4 rows, 59 ms for 8 and
+# 71 ms for 16; Qwen2.5-0.5B's 345, 326 and 374 ms (`python -m kvedge.bench.decode_speed`'s
+# row table). So up to 8 rows, padding rows and draft rows cost the same: a lone request
+# drafts up to 7 tokens, a batch of 4 one each, a batch of 8 or more none — speculation
+# never makes a batched step dearer than the padding already does.
+SPEC_ROWS = 8
+
 
 @torch.no_grad()
-def decode_step(rt: Runtime, states: list[Decoding],
-                row_multiple: int = ROW_MULTIPLE) -> list[int]:
+def decode_step(rt: Runtime, states: list[Decoding], row_multiple: int = ROW_MULTIPLE,
+                spec_rows: int = 0) -> list[int]:
     """Run each request's last picked token at its next position through every layer against
-    its own cache, then pick each request's next token with its own sampler; returns them.
+    its own cache, then pick each request's next token with its own sampler; returns each
+    request's last pick (`Decoding.fresh` holds every token the step picked for it).
+
+    `spec_rows` > 0: requests with a draft (`Decoding.draft`) run it after their token, as
+    long as the step's rows stay within max(`spec_rows`, the padded batch); each keeps the
+    drafts its own picks agree with (`Decoding.accept`) and forgets the rest's K/V. A draft
+    row is a row like any other, so a greedy answer is the one plain steps give (exactly,
+    with `row_multiple` = ROW_MULTIPLE; to the matmuls' last bits with 1).
 
     Equals `Runtime.forward` of each token alone (one fresh token appended to each cache) up
     to the matmuls' row count (see ROW_MULTIPLE). A step that raises leaves every cache as
@@ -50,20 +66,52 @@ def decode_step(rt: Runtime, states: list[Decoding],
     for s, p in zip(states, positions):
         if p in s.cache.extent:
             raise CacheError(f"decode position {p} is inside the cache's context")
-    ids = torch.tensor([s.token for s in states], device=rt.device)
-    logits = decode_logits(rt, ids, torch.tensor(positions, device=rt.device), states,
-                           row_multiple)
-    for s, p in zip(states, positions):
-        s.cache.extent.add_one(p)
-    return [s.advance(row) for s, row in zip(states, logits)]
+    drafts = _drafts(states, positions, row_multiple, spec_rows)
+    owners = [s for s, d in zip(states, drafts) for _ in range(1 + len(d))]
+    ids = [t for s, d in zip(states, drafts) for t in (s.token, *d)]
+    pos = [p + j for p, d in zip(positions, drafts) for j in range(1 + len(d))]
+    logits = decode_logits(rt, torch.tensor(ids, device=rt.device),
+                           torch.tensor(pos, device=rt.device), owners, row_multiple)
+    first = 0
+    for s, p, d in zip(states, positions, drafts):
+        used = s.accept(logits[first:first + 1 + len(d)], d)
+        first += 1 + len(d)
+        if used <= len(d):  # the rejected drafts' K/V go
+            s.cache.truncate(p + used - 1)
+        for q in range(p, p + used):
+            s.cache.extent.add_one(q)
+    return [s.token for s in states]
+
+
+def _drafts(states: list[Decoding], positions: list[int], row_multiple: int,
+            spec_rows: int) -> list[list[int]]:
+    """Each request's drafts: the rows beyond one per request, up to max(`spec_rows`, the
+    padded batch), dealt one at a time in turn to the requests that have a guess and decode
+    past their cache (a token between held positions takes the general write, one at a
+    time)."""
+    n = len(states)
+    budget = max(spec_rows, -(-n // row_multiple) * row_multiple) - n
+    if spec_rows <= 0 or budget <= 0:
+        return [[] for _ in states]
+    wants = [s.draft(budget) if p >= s.cache.extent.end else []
+             for s, p in zip(states, positions)]
+    dealt = [0] * n
+    while budget > 0 and any(dealt[i] < len(w) for i, w in enumerate(wants)):
+        for i, w in enumerate(wants):
+            if budget > 0 and dealt[i] < len(w):
+                dealt[i], budget = dealt[i] + 1, budget - 1
+    return [w[:k] for w, k in zip(wants, dealt)]
 
 
 @torch.no_grad()
 def decode_logits(rt: Runtime, ids: torch.Tensor, pos: torch.Tensor, states: list[Decoding],
                   row_multiple: int = ROW_MULTIPLE) -> torch.Tensor:
-    """Tokens `ids` at `pos` (B,), one per request's cache → logits (B, vocab); the matmuls
-    run on B rows padded to a multiple of `row_multiple`. The caches hold the tokens' K/V
-    afterwards; their extents are the caller's to extend."""
+    """Tokens `ids` at `pos` (B,), each into the cache of its request `states[b]` → logits
+    (B, vocab); the matmuls run on B rows padded to a multiple of `row_multiple`. A request
+    may own several rows (its token and its drafts, at increasing positions): per layer its
+    rows append and attend in order, so each sees the ones before it, as one step after
+    another would. The caches hold the tokens' K/V afterwards; their extents are the
+    caller's to extend."""
     from kvedge.kernels.rope import apply_rotary
 
     n = len(states)

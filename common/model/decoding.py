@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from kvedge.common.errors import InvalidRequest
 from kvedge.common.model.kvcache import KVCache
 from kvedge.common.model.runtime import ActivePlan, Observer, Runtime
+from kvedge.common.model.speculate import PromptLookup
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; hotter only adds noise
 MAX_SEED = 2**63 - 1   # what gRPC's int64 carries and a torch generator takes
@@ -94,32 +95,44 @@ class Prompt:
 class Decoding:
     """One request's decoding state between forwards: its cache and one RoPE length, its
     sampler with its own generator (a seed stays the request's however requests are batched),
-    the last token picked and its position. `start` makes one from a prompt;
-    `kvedge.common.model.batch.decode_step` steps one or many in one batched forward."""
+    the last token picked and its position, and `fresh`, the tokens the last forward picked
+    (one, or more when drafts were accepted). `start` makes one from a prompt;
+    `kvedge.common.model.batch.decode_step` steps one or many in one batched forward.
+
+    `lookup`, when given, holds the prompt's tokens and every picked one, and proposes
+    drafts (`kvedge.common.model.speculate`); only a greedy request drafts, as only under
+    greedy is keeping the tokens the model agrees with exactly plain decoding."""
 
     def __init__(self, cache: KVCache, max_new_tokens: int, sampler: Sampler, seq_len: int,
-                 last_position: int, stop_ids: tuple[int, ...] = ()):
+                 last_position: int, stop_ids: tuple[int, ...] = (),
+                 lookup: PromptLookup | None = None):
         self.cache, self.max_new_tokens, self.sampler = cache, max_new_tokens, sampler
         self.seq_len, self.position, self.stop_ids = seq_len, last_position, stop_ids
         self.gen = sampler.generator()
+        self.lookup = lookup if sampler.temperature == 0 else None
         self.token: int | None = None
         self.logits: torch.Tensor | None = None  # what the last token was picked from
         self.picked = 0
+        self.fresh: list[int] = []
+        self.steps = 0  # decode forwards run (the first token's not counted)
+        self.drafted = self.accepted = 0  # draft tokens run, and those the model agreed with
 
     @classmethod
     def start(cls, rt: Runtime, prompt: Prompt, max_new_tokens: int, *,
               sampler: Sampler = GREEDY, stop_ids: tuple[int, ...] = (),
-              seq_len: int | None = None) -> "Decoding":
+              seq_len: int | None = None, lookup: Sequence[int] | None = None) -> "Decoding":
         """Run `prompt` through the model, pick the first token, then `prompt.after_first`.
 
         One RoPE length for the whole request: `seq_len`, else the cache's (an assembled
-        cache's keys are rotated with it), else the prompt's end + `max_new_tokens`."""
+        cache's keys are rotated with it), else the prompt's end + `max_new_tokens`.
+        `lookup`: the prompt's tokens, which drafts are copied from (None: no drafts)."""
         cache, positions = prompt.cache, prompt.run_positions
         seq_len = seq_len or cache.seq_len or int(positions[-1]) + 1 + max_new_tokens
-        state = cls(cache, max_new_tokens, sampler, seq_len, int(positions[-1]), stop_ids)
+        state = cls(cache, max_new_tokens, sampler, seq_len, int(positions[-1]), stop_ids,
+                    None if lookup is None else PromptLookup(lookup))
         out = rt.forward(prompt.run_ids, positions, cache, prompt.active,
                          observe=prompt.observe, seq_len=seq_len)
-        state.pick(out.logits[-1])
+        state.fresh = [state.pick(out.logits[-1])]
         if prompt.after_first is not None:
             prompt.after_first(cache)
         return state
@@ -127,6 +140,8 @@ class Decoding:
     def pick(self, logits: torch.Tensor) -> int:
         self.logits, self.token = logits, self.sampler.pick(logits, self.gen)
         self.picked += 1
+        if self.lookup is not None:
+            self.lookup.push(self.token)
         return self.token
 
     @property
@@ -138,7 +153,33 @@ class Decoding:
         """Where the last picked token goes in the next forward."""
         return self.position + 1
 
+    def draft(self, k: int) -> list[int]:
+        """Up to k tokens guessed to follow the last picked one (none without a lookup),
+        never more than the answer may still add after the next pick."""
+        if self.lookup is None:
+            return []
+        return self.lookup.draft(min(k, self.max_new_tokens - self.picked - 1))
+
     def advance(self, logits: torch.Tensor) -> int:
         """The last token ran at `next_position()`; pick the next one from its logits (vocab,)."""
         self.position += 1
-        return self.pick(logits)
+        self.steps += 1
+        self.fresh = [self.pick(logits)]
+        return self.token
+
+    def accept(self, logits: torch.Tensor, drafts: list[int]) -> int:
+        """The last token and then `drafts` ran at the next positions; `logits` (1 +
+        len(drafts), vocab) are theirs. Pick from each row while the pick equals the draft
+        the next row ran (so its logits are the ones plain decoding would have computed);
+        stop at the first disagreement, a stop token or the last allowed token. Returns how
+        many rows were used; `fresh` holds the picks."""
+        self.fresh = []
+        for used, row in enumerate(logits, 1):
+            self.position += 1
+            self.fresh.append(self.pick(row))
+            if self.finished or used > len(drafts) or self.token != drafts[used - 1]:
+                break
+        self.steps += 1
+        self.drafted += len(drafts)
+        self.accepted += used - 1
+        return used

@@ -8,28 +8,37 @@ needle demo, `kvedge generate`, the codec benchmark, tests).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
-from kvedge.common.model.batch import decode_step
+from kvedge.common.model.batch import ROW_MULTIPLE, SPEC_ROWS, decode_step
 from kvedge.common.model.decoding import GREEDY, Decoding, Prompt, Sampler
 from kvedge.common.model.kvcache import KVCache
 from kvedge.common.model.runtime import Runtime
 
 
 def decode(rt: Runtime, prompt: Prompt, max_new_tokens: int, *, sampler: Sampler = GREEDY,
-           stop_ids: tuple[int, ...] = (), seq_len: int | None = None) -> Iterator[int]:
-    """Yield up to `max_new_tokens` token ids: the prompt's first token, then one token per
-    decode step, each appended at the next position. Stops after a token in `stop_ids`
-    (which is yielded)."""
+           stop_ids: tuple[int, ...] = (), seq_len: int | None = None,
+           lookup: Sequence[int] | None = None) -> Iterator[int]:
+    """Yield up to `max_new_tokens` token ids: the prompt's first token, then the tokens of
+    each decode step, each appended at the next position. Stops after a token in `stop_ids`
+    (which is yielded).
+
+    Alone, a step has no padding rows (see ROW_MULTIPLE): it computes exactly what
+    `Runtime.forward` does. `lookup` (the prompt's tokens) turns on prompt-lookup drafts
+    (`kvedge.common.model.batch.SPEC_ROWS` rows a step); the steps are then padded as the
+    scheduler's are, so the answer is the one the edge serves."""
     state = Decoding.start(rt, prompt, max_new_tokens, sampler=sampler, stop_ids=stop_ids,
-                           seq_len=seq_len)
+                           seq_len=seq_len, lookup=lookup)
     while True:
-        yield state.token
+        yield from state.fresh
         if state.finished:
             return
-        decode_step(rt, [state], row_multiple=1)  # alone: no padding rows (see ROW_MULTIPLE)
+        if lookup is None:
+            decode_step(rt, [state], row_multiple=1)
+        else:
+            decode_step(rt, [state], ROW_MULTIPLE, SPEC_ROWS)
 
 
 def generate(rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
