@@ -8,7 +8,12 @@ steps after a warm one:
   default, batch-invariant), and `Runtime.forward` of one token (`bench.load.decode_costs`);
 - transformers' own forward with its `DynamicCache` (the reference implementation);
 - one pass over every 2-D weight with one row, in fp32, bf16 and fp16: what the matmuls of a
-  step cost at each precision (decode on a CPU is bound by reading the weights).
+  step cost at each precision (decode on a CPU is bound by reading the weights); and in fp32
+  with 1, 4, 8 and 16 rows: what the rows a step carries cost (the padding rows that keep
+  answers batch-invariant, and the draft rows of speculation, `batch.SPEC_ROWS`);
+- llama.cpp (`llama-cpp-python`, when importable: a reference point, never a dependency of
+  the service) decoding the very GGUF file the model was converted from, one token per
+  `eval`, on the same threads: the distance to a runtime built for CPU decode.
 """
 from __future__ import annotations
 
@@ -33,12 +38,34 @@ def transformers_ms(loaded, context: int, steps: int, seed: int = 0) -> float:
     return sum(times[1:]) / (len(times) - 1) * 1e3
 
 
-def weight_pass_ms(loaded, dtype, repeats: int = 10) -> float:
+def llamacpp_ms(gguf: str, context: int, steps: int, threads: int, seed: int = 0
+                ) -> float | None:
+    """ms per decoded token in llama.cpp over the same GGUF (None without llama-cpp-python)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    import random
+
+    llm = Llama(model_path=gguf, n_ctx=context + steps + 8, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    rng = random.Random(seed)
+    llm.eval([rng.randrange(1000, llm.n_vocab()) for _ in range(context)])
+    times = []
+    for _ in range(steps):
+        token = rng.randrange(1000, llm.n_vocab())
+        start = time.perf_counter()
+        llm.eval([token])
+        times.append(time.perf_counter() - start)
+    return sum(times[1:]) / (len(times) - 1) * 1e3
+
+
+def weight_pass_ms(loaded, dtype, repeats: int = 10, n_rows: int = 1) -> float:
     import torch
     import torch.nn.functional as F
 
     weights = [p.detach().to(dtype) for p in loaded.model.parameters() if p.dim() == 2]
-    rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=dtype) for w in weights}
+    rows = {w.shape[1]: torch.randn(n_rows, w.shape[1], dtype=dtype) for w in weights}
 
     def one_pass():
         for w in weights:
@@ -70,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = {**{k: v * 1e3 for k, v in costs.items()},
             "transformers forward with its cache": transformers_ms(loaded, args.context,
                                                                    args.steps)}
+    if loaded.source.endswith(".gguf"):
+        ms = llamacpp_ms(loaded.source, args.context, args.steps, args.threads)
+        rows["llama.cpp, the same GGUF" if ms else
+             "llama.cpp: not measured (pip install llama-cpp-python)"] = ms or float("nan")
     print(f"{args.model}, {args.context}-token cache, {args.threads} threads")
     print("| path | ms per token |\n|---|---|")
     for name, ms in rows.items():
@@ -77,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| weights, one row | ms per pass |\n|---|---|")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         print(f"| {str(dtype).removeprefix('torch.')} | {weight_pass_ms(loaded, dtype):.1f} |")
+    print("| fp32 weights, rows | ms per pass |\n|---|---|")
+    for n_rows in (1, 4, 8, 16):
+        print(f"| {n_rows} | {weight_pass_ms(loaded, torch.float32, n_rows=n_rows):.1f} |")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ class AskResult:
     session_reused: int = 0      # conversation prefix tokens whose KV the session cache held
     dropped_turns: int = 0       # oldest conversation turns left out to fit the window
     sources: list[str] = field(default_factory=list)  # the segments' files, in prompt order
+    draft_tokens: int = 0        # prompt-lookup drafts run (kvedge.common.model.speculate)
+    accepted_tokens: int = 0     # drafts the model's own picks agreed with (kept)
 
 
 @dataclass
@@ -234,7 +236,8 @@ class EdgeEngine:
             prompt_tokens=event["prompt_tokens"], recomputed_tokens=event["recomputed"],
             kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
             finish_reason=event["finish_reason"], session_reused=event["session_reused"],
-            dropped_turns=dropped, sources=[m.get("source", "") for m in metas])
+            dropped_turns=dropped, sources=[m.get("source", "") for m in metas],
+            draft_tokens=event["drafted"], accepted_tokens=event["accepted"])
 
     def prefix(self, chat: Conversation, context_tokens: int, question: str,
                max_new_tokens: int) -> tuple[list[int] | None, int, Conversation]:

@@ -37,6 +37,9 @@ class EdgeMetrics:
                                 "finish reason", ["strategy", "finish_reason"], registry=r)
         self.tokens = Counter("kvedge_edge_answer_tokens", "answer tokens generated",
                               ["strategy"], registry=r)
+        self.drafts = Counter("kvedge_edge_draft_tokens", "prompt-lookup draft tokens run in "
+                              "decode steps, by outcome: accepted (kept: the model picked "
+                              "them) or rejected", ["outcome"], registry=r)
         self.in_flight = Gauge("kvedge_edge_asks_in_flight", "answers started, not yet ended",
                                registry=r)
         self.waiting = Gauge("kvedge_edge_asks_waiting", "answers before their first token: "
@@ -70,6 +73,8 @@ class EdgeMetrics:
             self.tpot.labels(done.strategy).observe(done.tpot_s)
         self.finished.labels(done.strategy, done.finish_reason).inc()
         self.tokens.labels(done.strategy).inc(done.tokens)
+        self.drafts.labels("accepted").inc(done.accepted_tokens)
+        self.drafts.labels("rejected").inc(done.draft_tokens - done.accepted_tokens)
         if log is not None:
             log.note(strategy=done.strategy, ttft_s=done.ttft_s, tokens=done.tokens)
 

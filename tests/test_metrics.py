@@ -166,6 +166,9 @@ def test_answers_fill_ttft_tpot_tokens_and_cache_counts(edge):
     assert delta(before, after, "kvedge_edge_tpot_seconds_count", strategy="a3") == 2
     assert delta(before, after, "kvedge_edge_answer_tokens_total", strategy="a3") == \
         sum(d.tokens for d in done) == 8
+    drafts = [delta(before, after, "kvedge_edge_draft_tokens_total", outcome=outcome)
+              for outcome in ("accepted", "rejected")]
+    assert sum(drafts) > 0  # greedy answers draft from their prompt (batch.SPEC_ROWS)
     assert sum(delta(before, after, "kvedge_edge_answers_total", strategy="a3",
                      finish_reason=reason) for reason in ("stop", "length")) == 2
     hits = delta(before, after, "kvedge_edge_pack_cache_hits_total")
