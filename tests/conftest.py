@@ -1,4 +1,5 @@
 import os
+import uuid
 
 # Triton has no CPU backend: kernels run in its interpreter, which reads this at import time.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -26,6 +27,24 @@ def smollm2_rt(smollm2):
     from kvedge.common.model.runtime import Runtime
 
     return Runtime(smollm2)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on a free loopback port, in its own process, with one bucket
+    (tests/s3server.py); stopped when the session ends."""
+    from s3server import S3Server
+
+    with S3Server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture()
+def s3_url(s3_server, monkeypatch):
+    """A fresh `s3://` store URL on the test server, the AWS settings pointing at it."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server.url(uuid.uuid4().hex[:12])
 
 
 def tiny_runtime(name):

@@ -21,7 +21,11 @@ def cloud_group():
               help="catalog, staging and tokens [default: $KVEDGE_HOME/cloud]")
 @click.option("--address", default=CLOUD_ADDRESS, show_default=True, help="host:port to listen on")
 @click.option("--ray-address", default=None, help="join this Ray cluster (default: start in-process)")
-@click.option("--store", "store_url", default=None, help="fsspec URL for packs [default: <data>/store]")
+@click.option("--store", "store_url", default=None,
+              help="where packs live: a folder or an fsspec URL; s3://bucket/prefix (AWS S3 or "
+              "an S3-compatible server) reads its endpoint and keys from the standard AWS "
+              "settings: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+              "AWS_DEFAULT_REGION or ~/.aws [default: <data>/store]")
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True)
 @click.option("--segment-tokens", default=512, show_default=True)
 @click.option("--codec", default=DEFAULT_CODEC, show_default=True,

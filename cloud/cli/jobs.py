@@ -102,7 +102,8 @@ def job_cancel(job_id, address, token, tls_ca, namespace):
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
               help="the gateway's data dir (its catalog) [default: $KVEDGE_HOME/cloud]")
 @click.option("--store", "store_url", default=None,
-              help="the gateway's pack store (fsspec URL) [default: <data>/store]")
+              help="the gateway's pack store (folder or fsspec URL; s3://: the same AWS "
+              "settings as the gateway's) [default: <data>/store]")
 @click.option("--namespace", "-n", default="default", show_default=True)
 @click.option("--kb", "kbs", multiple=True, required=True, help="repeatable")
 @click.option("--method", required=True, type=RegistryChoice(_methods),
