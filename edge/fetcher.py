@@ -7,6 +7,9 @@ needing the same missing pack share one transfer, and each waiter gets its outco
 fetch's error included. A pack's header and manifest alone (`manifest`) come as a ranged read
 of the pack's first bytes, which is how a KB served on demand builds its retrieval index
 without fetching packs.
+
+Every pack transfer is timed for the edge's `LinkMeter` (`link`: round trip and throughput,
+what `edge.fetch_or_compute` predicts a fetch by).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvedge.common.pack.container import HEADER_SIZE, read_header, read_manifest
 from kvedge.common.pack.manifest import Manifest
+from kvedge.edge.meters import LinkMeter
 
 # A first ranged read of a pack takes this much beyond the header, so one round trip gets the
 # manifest of packs whose manifest fits (a 240-tensor SmolLM2 pack's is ~12 KB); a longer one
@@ -40,10 +44,12 @@ class Fetcher:
 
     Counts since start, for the edge's metrics: `fetched_bytes` (every byte received: whole
     packs and the header + manifest reads of the retrieval index), `fetched_packs` (packs
-    verified into the cache) and `transfers` (whole-pack transfers started)."""
+    verified into the cache) and `transfers` (whole-pack transfers started). `link` measures
+    the link from the transfers that had it alone."""
 
-    def __init__(self, client, cache):
+    def __init__(self, client, cache, link: LinkMeter | None = None):
         self.client, self.cache = client, cache
+        self.link = link if link is not None else LinkMeter()
         self.fetched_bytes = self.fetched_packs = self.transfers = 0
         self._flights: dict[str, _Flight] = {}
         self._lock = threading.Lock()
@@ -89,9 +95,8 @@ class Fetcher:
         """Resume from what the cache holds of it, verify, commit, keep the cache in budget
         (the caller holds the packs it is about to read: `PackCache.hold`)."""
         offset = self.cache.held(pack_id)
-        for chunk in self.client.fetch_pack(namespace, pack_id, offset):
+        for chunk in self._timed(self.client.fetch_pack(namespace, pack_id, offset)):
             self.cache.append(pack_id, chunk.offset, chunk.data)
-            self._count(len(chunk.data))
             if self._stop.is_set():  # stopping: keep what arrived, resume it next start
                 raise FetchStopped(f"stopped while fetching {pack_id[:16]}…")
         self.cache.commit(pack_id)
@@ -114,10 +119,25 @@ class Fetcher:
         return read_manifest(head)
 
     def _range(self, namespace: str, pack_id: str, offset: int, length: int) -> bytes:
-        data = b"".join(c.data for c in self.client.fetch_pack(namespace, pack_id, offset,
-                                                                 length))
-        self._count(len(data))
-        return data
+        chunks = self.client.fetch_pack(namespace, pack_id, offset, length)
+        return b"".join(c.data for c in self._timed(chunks, measured=False))
+
+    def _timed(self, chunks, measured: bool = True):
+        """A transfer's chunks, counted, and timed for `link` from the first one asked for
+        (the client's stream sends its request then); one left before its end is not
+        measured. Ranged manifest reads are not `measured` (they only mark the transfers
+        they overlap as sharing the link): a sync runs them 8 at a time, and what the meter
+        predicts is a pack's transfer — so an edge knows its link from its first pack
+        fetched on."""
+        timing, complete = self.link.begin(measured), False
+        try:
+            for chunk in chunks:
+                timing.arrived(len(chunk.data))
+                self._count(len(chunk.data))
+                yield chunk
+            complete = True
+        finally:
+            self.link.end(timing, complete)
 
     def _count(self, n: int) -> None:
         with self._lock:

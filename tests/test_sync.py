@@ -14,7 +14,7 @@ from kvedge.common.errors import NotFound
 from kvedge.common.pack import KVContext, PackCorrupt, encode_pack, pack_id
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.edge.packcache import PackCache
-from kvedge.edge.sync import Syncer, Target, manifest_path
+from kvedge.edge.sync import Syncer, Target, decode_ids, encode_ids, manifest_path
 
 FP, TOK = "ab" * 32, "cd" * 32
 CHUNK = 256
@@ -151,8 +151,33 @@ def test_sync_fetches_verifies_and_writes_the_manifest(cloud, cache, tmp_path, p
     # no fp16 size stored: the engine derives it from the model's shape when it answers
     assert m["segments"][1] == {"index": 1, "pack_id": ids[1], "source": "doc1.txt",
                                 "n_tokens": 8, "pack_bytes": len(packs[1]),
-                                "text": detokenize(range(2000, 2008)), "transforms": []}
+                                "text": detokenize(range(2000, 2008)), "transforms": [],
+                                "token_ids": encode_ids(list(range(2000, 2008))),
+                                "anchored": False}
     assert [s["pack_id"] for s in m["segments"]] == ids
+
+
+def test_token_ids_round_trip_through_their_compact_form():
+    for ids in ([], [0], [1, 2**16, 49151, 2**32 - 1]):
+        assert decode_ids(encode_ids(ids)) == ids
+    assert len(encode_ids(list(range(300)))) == 1600  # 4 bytes a token, base64
+
+
+def test_a_local_manifest_without_token_ids_is_indexed_again(cloud, cache, tmp_path, packs):
+    """One written by an edge before token ids were kept: the next sync re-reads what it
+    lacks (here from the cached packs: nothing fetched)."""
+    cloud.publish(KB, packs[:2])
+    s = syncer(cloud, cache, tmp_path)
+    s.sync_once()
+    path = manifest_path(tmp_path / "state", KB)
+    old = json.loads(path.read_text())
+    for seg in old["segments"]:
+        del seg["token_ids"], seg["anchored"]
+    path.write_text(json.dumps(old))
+    fetched = len(cloud.fetches)
+    assert s.sync_once() == {"default/manuals": 0} and len(cloud.fetches) == fetched
+    assert [decode_ids(seg["token_ids"]) for seg in local(tmp_path)["segments"]] == \
+        [list(range(1000 * i, 1000 * i + 8)) for i in (1, 2)]
 
 
 def test_a_second_sync_fetches_nothing(cloud, cache, tmp_path, packs):
