@@ -91,6 +91,10 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--prefetch", type=click.IntRange(0, 8), default=2, show_default=True,
               help="segments ranked just below --top-k fetched per question while the link "
               "is idle (0 = off; off too when the cache holds fewer than 32 such packs)")
+@click.option("--fetch-or-compute/--always-fetch", default=True, show_default=True,
+              help="prefill a question's missing segment on this edge where that is sooner "
+              "than fetching its pack, by the link and prefill speeds the edge measures "
+              "(docs/fetch_or_compute.md); --always-fetch fetches every missing pack")
 @click.option("--session-bytes", type=click.IntRange(0), default=DEFAULT_SESSION_BYTES,
               show_default=True, help="KV of conversations' earlier turns kept (LRU), so a "
               "next turn computes only its new tokens (0 = none kept)")
@@ -108,7 +112,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
               top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
-              sync_interval, cache_bytes, prefetch, session_bytes, http_address, metrics_address,
+              sync_interval, cache_bytes, prefetch, fetch_or_compute, session_bytes,
+              http_address, metrics_address,
               tls_mode, tls_cert, tls_key,
               tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
     """Serve KBs from the cloud and answer questions about them (blocks; Ctrl-C or SIGTERM
@@ -157,7 +162,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
     engine = EdgeEngine(loaded, cache, state, fetcher=fetcher,
                         prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
                         max_queue=max_queue, batch_invariant=batch_invariant,
-                        session_bytes=session_bytes, spec_rows=spec_rows)
+                        session_bytes=session_bytes, spec_rows=spec_rows,
+                        fetch_or_compute=fetch_or_compute)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,

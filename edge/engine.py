@@ -5,7 +5,10 @@ not cached is fetched inside the ask (through the syncer's `Fetcher`: one transf
 however many questions wait on it), and a pack found damaged or gone while answering is a
 miss like any other: fetched again, a bounded number of times, so the user gets the answer
 and not PackCorrupt (docs/design.md, decision 10). Cached packs answer with the cloud down; a
-question needing a pack that cannot be fetched fails with PackUnavailable, naming them.
+question needing a pack that cannot be fetched fails with PackUnavailable, naming them. With
+fetch-or-compute on (`kvedge serve`'s default), a missing segment whose text the edge can
+prefill sooner than its pack would arrive is computed on the edge instead
+(`edge.fetch_or_compute`).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from kvedge.common.pack.manifest import KVShape
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge import DEFAULT_SESSION_BYTES
 from kvedge.edge.conversation import Conversation
+from kvedge.edge.fetch_or_compute import FetchOrCompute, Sourced
+from kvedge.edge.local_prefill import Anchor, LocalPrefill, resolve
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.sessions import PrefixCache, PrefixKV
@@ -67,6 +72,11 @@ class AskResult:
     sources: list[str] = field(default_factory=list)  # the segments' files, in prompt order
     draft_tokens: int = 0        # prompt-lookup drafts run (kvedge.common.model.speculate)
     accepted_tokens: int = 0     # drafts the model's own picks agreed with (kept)
+    # segments (indices) whose packs were missing: fetched inside the ask, or prefilled on
+    # the edge instead (edge.fetch_or_compute; a segment computed for an earlier answer and
+    # still in memory counts as computed)
+    fetched_segments: list[int] = field(default_factory=list)
+    computed_segments: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -85,12 +95,15 @@ class EdgeEngine:
     `answer` (the benchmark) takes a prompt the caller composed and runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
     without one a missing or damaged pack fails the ask with PackCorrupt. `prefetcher` (an
-    `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k."""
+    `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k.
+    With `fetch_or_compute` (and a fetcher) an ask prefills a missing segment on the edge
+    where that is sooner than fetching its pack, by the fetcher's link meter and the edge's
+    prefill meter (calibrated when the scheduler is first idle)."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
-                 spec_rows: int | None = None):
+                 spec_rows: int | None = None, fetch_or_compute: bool = False):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
@@ -109,6 +122,16 @@ class EdgeEngine:
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
         # every conversation's prefix starts as a lone question's does: a second turn extends it
         self.sessions.put(tuple(self.prefix_ids), PrefixKV(prefix.keys, prefix.values))
+        self.local = self.chooser = None
+        if fetch_or_compute and fetcher is not None:
+            self._fetch_or_compute(fetcher)
+
+    def _fetch_or_compute(self, fetcher) -> None:
+        """Segment prefills on this edge (`local`) and the choice between them and fetches."""
+        self.local = LocalPrefill(self.loaded.fingerprint, self.loaded.tokenizer_id,
+                                  Anchor(self.prefix_ids, self.prefix_keys, self.prefix_values))
+        self.chooser = FetchOrCompute(fetcher.link, self.local.meter, self.local.computed.has)
+        self.scheduler.when_idle(self.local.calibrate)
 
     def _kb(self, target: Target) -> _KB:
         path = manifest_path(self.state_dir, target)
@@ -237,7 +260,9 @@ class EdgeEngine:
             kv_bytes=event["kv_bytes"], sequence_ratio=event["sequence_ratio"],
             finish_reason=event["finish_reason"], session_reused=event["session_reused"],
             dropped_turns=dropped, sources=[m.get("source", "") for m in metas],
-            draft_tokens=event["drafted"], accepted_tokens=event["accepted"])
+            draft_tokens=event["drafted"], accepted_tokens=event["accepted"],
+            fetched_segments=event["fetched_segments"],
+            computed_segments=event["computed_segments"])
 
     def prefix(self, chat: Conversation, context_tokens: int, question: str,
                max_new_tokens: int) -> tuple[list[int] | None, int, Conversation]:
@@ -272,17 +297,20 @@ class EdgeEngine:
         before the first token) drops that pack; with a fetcher, and no text sent yet, the
         pack is fetched again and the answer run once more."""
         for retry in (False, True):
-            composed = self.compose(self._segments(target, metas, granular), question)
-            self._offer(target, below)
+            segments, sourced = self._segments(target, metas, granular, choose=True)
+            composed = self.compose(segments, question)
+            self._offer(target, sourced.computed + below)  # a computed segment's pack too
             sent = False
             try:
                 for event in self.scheduler.submit(job(composed)).events():
                     if isinstance(event, str):
                         sent = True
                         yield event
-                return event
+                return {**event, "fetched_segments": [m["index"] for m in sourced.fetched],
+                        "computed_segments": [m["index"] for m in sourced.computed]}
             except PackCorrupt as err:
-                damaged = [m for m in metas if not self.cache.recheck(m["pack_id"])]
+                damaged = [m for m in metas if m not in sourced.computed
+                           and not self.cache.recheck(m["pack_id"])]
                 if self.fetcher is None or retry or sent:
                     raise
                 log.warning("%s: %s found damaged while answering (%s); fetching again and "
@@ -295,7 +323,7 @@ class EdgeEngine:
         (decoded, or `granular`: opened, for a block-granular strategy), missing packs
         fetched."""
         metas, below = self.pick(target, question, top_k, max_new_tokens)
-        composed = self.compose(self._segments(target, metas, granular), question)
+        composed = self.compose(self._segments(target, metas, granular)[0], question)
         self._offer(target, below)
         return metas, composed
 
@@ -319,16 +347,34 @@ class EdgeEngine:
             below = [kb.manifest["segments"][i] for i in ranked if i not in picked]
         return metas, below
 
-    def _offer(self, target: Target, below: list[dict]) -> None:
+    def _offer(self, target: Target, metas: list[dict]) -> None:
         """After the answer's own packs are in: the link is the answer's first."""
-        if below:
-            self.prefetcher.offer(target.namespace, below)
+        if metas and self.prefetcher is not None:
+            self.prefetcher.offer(target.namespace, metas)
 
-    def _segments(self, target: Target, metas: list[dict], granular: bool) -> list:
-        """Each segment's pack, decoded (`granular`: opened), missing ones fetched first."""
+    def _segments(self, target: Target, metas: list[dict], granular: bool,
+                  choose: bool = False) -> tuple[list, Sourced]:
+        """Each segment's pack, decoded (`granular`: opened), missing ones fetched first —
+        or, with `choose` and fetch-or-compute on, prefilled on the edge where that is
+        sooner (a `LocalSegment`, computed when the answer starts); and where the missing
+        ones came from."""
         missing = [m for m in metas if not self.cache.has(m["pack_id"])]
+        local = self._computed(target, missing) if choose else {}
+        fetch = [m for m in missing if m["pack_id"] not in local]
         read = self.cache.segment if granular else self.cache.load
-        return [self._read(target, m, read, missing) for m in metas]
+        segments = [local[m["pack_id"]] if m["pack_id"] in local
+                    else self._read(target, m, read, fetch) for m in metas]
+        return segments, Sourced(fetch, [m for m in missing if m["pack_id"] in local])
+
+    def _computed(self, target: Target, missing: list[dict]) -> dict:
+        """pack id → LocalSegment for each missing segment the edge computes sooner than it
+        fetches the pack (none with fetch-or-compute off)."""
+        if self.chooser is None or not missing:
+            return {}
+        choices = self.chooser.choose(missing)
+        log.info("%s: %s", target.key, self.chooser.describe(choices))
+        return {c.meta["pack_id"]: self.local.segment(target.namespace, c.meta)
+                for c in choices if c.compute}
 
     def _read(self, target: Target, meta: dict, read, missing: list[dict]):
         """`read(pack id)`, the pack fetched first if missing; one found damaged (in transfer,
@@ -426,6 +472,7 @@ class _Answer(Job):
         self.sessions, self.reused = sessions, 0  # a conversation's prefix KV comes from it
 
     def start(self, rt) -> Decoding:
+        self.composed = resolve(rt, self.composed)  # segments chosen to be computed: now
         if self.sessions is not None:  # on the model's thread: it may prefill new turns
             kv = self.sessions.kv(rt, self.composed.prefix_ids)
             self.composed = replace(self.composed, prefix_keys=kv.keys, prefix_values=kv.values)

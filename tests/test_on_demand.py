@@ -81,9 +81,11 @@ class Recording(CloudClient):
 
 
 @contextmanager
-def edge(cloud, state, *, pin=False, cache_bytes=0, prefetch=0, delay=0.0, address=None):
+def edge(cloud, state, *, pin=False, cache_bytes=0, prefetch=0, delay=0.0, address=None,
+         **engine_kw):
     """An edge as `kvedge serve` builds it (one fetcher for sync, answers and prefetch),
-    serving KB on demand (or `pin`: whole), synced once, its gRPC service on loopback."""
+    serving KB on demand (or `pin`: whole), synced once, its gRPC service on loopback;
+    `engine_kw` go to EdgeEngine (fetch_or_compute=True: as `kvedge serve` by default)."""
     loaded = load_model(MODEL)
     client = Recording(address or cloud["address"], cloud["token"], delay)
     cache = PackCache(state / "packs", loaded.fingerprint, cache_bytes)
@@ -92,7 +94,8 @@ def edge(cloud, state, *, pin=False, cache_bytes=0, prefetch=0, delay=0.0, addre
     syncer = Syncer(client, cache, state, [KB] if pin else [], loaded.tokenizer.decode,
                     on_demand=[KB], fetcher=fetcher)
     synced = syncer.sync_once()
-    engine = EdgeEngine(loaded, cache, state, fetcher=fetcher, prefetcher=prefetcher)
+    engine = EdgeEngine(loaded, cache, state, fetcher=fetcher, prefetcher=prefetcher,
+                        **engine_kw)
     server, port = serve_edge(engine, state, "127.0.0.1:0")
     if prefetcher:
         prefetcher.start()
@@ -288,7 +291,7 @@ def test_kvedge_serve_kb_is_on_demand_and_pin_is_whole(cloud, tmp_path):
     pack; both answer alike."""
     packs = {s.pack_id for s in cloud["info"].segments}
     lazy = EdgeProcess(tmp_path / "lazy", cloud["address"], cloud["token"], [KB.key], MODEL,
-                       "--prefetch", "0")
+                       "--prefetch", "0", "--always-fetch")  # packs, not prefills
     whole = EdgeProcess(tmp_path / "whole", cloud["address"], cloud["token"], [], MODEL,
                         "--pin", KB.key)
     try:

@@ -1,0 +1,188 @@
+"""A segment's KV computed on the edge instead of fetched (`edge.fetch_or_compute`): exactly
+what the cloud's prefill computes before its codec quantizes it into the pack
+(`kvedge.cloud.workers.PrefillEngine.encode` and `prefill_segment`) — the segment's token ids
+from position 0, alone, or, where its pack says it was anchored (docs/design.md, decision 9),
+at positions P.. behind the P tokens of the chat prefix, keeping the segment's KV only; then
+the same side tensors (block summaries of every 64 tokens, the mean pre-RoPE query of the last
+QUERY_CACHE_TOKENS). The edge's chat prefix is the cloud's anchor by construction (both are
+`chat_turn(tokenizer)`'s prefix), and its KV is already prefilled (`EdgeEngine.prefix_keys`).
+The token ids are the pack manifest's own, kept in the local index by the syncer
+(`edge.sync.encode_ids`), never the text tokenized again: a decode → encode round trip can
+give other ids.
+
+The edge may not import the cloud (layering), so the cloud's few lines are repeated here;
+tests/test_fetch_or_compute.py checks that both give equal tensors.
+
+A `LocalSegment` stands in a composed prompt for a segment chosen to be computed; the
+answer's start, on the scheduler thread that owns the model, turns it into its KVContext
+(`resolve`) before the strategy's plan, so a strategy sees a KVContext as it would a decoded
+pack. Each prefill is timed into the `PrefillMeter` the choice reads; `calibrate` times two
+when the edge is idle, so the edge knows its prefill before it first has to choose. Computed
+contexts are kept in a small LRU in memory (`ComputedSegments`, by pack id), never in the
+pack cache: they are not the pack's bytes (unquantized, unverified against its hash), and the
+cache's files are what sync, prefetch and eviction reason about.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import torch
+
+from kvedge.common.pack.context import KVContext
+from kvedge.edge.meters import PrefillMeter
+from kvedge.edge.sync import decode_ids
+
+QUERY_CACHE_TOKENS = 128  # kvedge.cloud.workers.QUERY_CACHE_TOKENS (a test checks they agree)
+CALIBRATION_TOKENS = (64, 256)  # two sizes: the meter's line needs a slope
+COMPUTED_BYTES = 64 * 2**20  # computed contexts kept (~5 SmolLM2 segments of 256 tokens, fp32)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """The chat prefix an anchored pack was prefilled behind: ids, pre-RoPE KV per layer."""
+
+    ids: list[int]
+    keys: list[torch.Tensor]    # (Hkv, P, D)
+    values: list[torch.Tensor]
+
+
+def prefill_segment(rt, token_ids: list[int], anchor: Anchor | None = None):
+    """(keys, values, queries) per layer of the segment's tokens, pre-RoPE, each (H, T, D):
+    prefilled from position 0, or at positions P..P+T-1 over the anchor's KV."""
+    from kvedge.common.model.runtime import LayerCapture
+
+    ids = torch.tensor(token_ids)
+    if anchor is None:
+        res = rt.prefill(ids, want_queries=True, logits="none")
+        return res.keys, res.values, res.queries
+    n_anchor = len(anchor.ids)
+    cache = rt.dense_cache(anchor.keys, anchor.values, torch.arange(n_anchor),
+                           reserve=ids.numel())
+    capture = LayerCapture(want_queries=True)
+    rt.forward(ids, torch.arange(n_anchor, n_anchor + ids.numel()), cache, capture=capture,
+               logits="none")
+    return capture.keys, capture.values, capture.queries
+
+
+def prefill_context(rt, token_ids: list[int], *, fingerprint: str, tokenizer_id: str,
+                    namespace: str, anchor: Anchor | None = None) -> KVContext:
+    """The KVContext the cloud encodes into the segment's pack, unquantized."""
+    keys, values, queries = prefill_segment(rt, token_ids, anchor)
+    return KVContext.from_dense(
+        keys, values, token_ids, model_fingerprint=fingerprint, tokenizer_id=tokenizer_id,
+        queries=[q[:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True) for q in queries],
+        query_tokens=1, namespace=namespace, anchor=list(anchor.ids) if anchor else [])
+
+
+def context_nbytes(ctx: KVContext) -> int:
+    tensors = [t for heads in (ctx.keys, ctx.values, ctx.kept_positions) for layer in heads
+               for t in layer]
+    tensors += [*(ctx.block_summaries or ()), *(ctx.query_cache or ())]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ComputedSegments:
+    """Computed contexts by pack id, least recently used dropped beyond `budget_bytes`."""
+
+    def __init__(self, budget_bytes: int = COMPUTED_BYTES):
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[str, tuple[KVContext, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # looked up on asks' threads, filled on the scheduler's
+
+    def has(self, pack_id: str) -> bool:
+        with self._lock:
+            return pack_id in self._entries
+
+    def get(self, pack_id: str) -> KVContext | None:
+        with self._lock:
+            if pack_id not in self._entries:
+                return None
+            self._entries.move_to_end(pack_id)
+            return self._entries[pack_id][0]
+
+    def put(self, pack_id: str, ctx: KVContext) -> None:
+        size = context_nbytes(ctx)
+        with self._lock:
+            if pack_id in self._entries:
+                self._bytes -= self._entries.pop(pack_id)[1]
+            self._entries[pack_id] = ctx, size
+            self._bytes += size
+            while self._bytes > self.budget_bytes and self._entries:
+                self._bytes -= self._entries.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+
+@dataclass(frozen=True)
+class LocalSegment:
+    """A segment to be computed when its answer starts: what a composed prompt needs of a
+    segment before then (its tokens) and what computing it needs."""
+
+    pack_id: str
+    token_ids: list[int]
+    namespace: str
+    anchored: bool
+    prefill: "LocalPrefill"
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class LocalPrefill:
+    """The edge's segment prefills for one model: timed into `meter`, kept in `computed`."""
+
+    def __init__(self, fingerprint: str, tokenizer_id: str, anchor: Anchor,
+                 meter: PrefillMeter | None = None, budget_bytes: int = COMPUTED_BYTES):
+        self.fingerprint, self.tokenizer_id, self.anchor = fingerprint, tokenizer_id, anchor
+        self.meter = meter if meter is not None else PrefillMeter()
+        self.computed = ComputedSegments(budget_bytes)
+        self.prefills = 0  # segments prefilled since start (LRU hits not counted)
+
+    def segment(self, namespace: str, meta: dict) -> LocalSegment:
+        """The stand-in for a local manifest's segment (it has `token_ids`)."""
+        return LocalSegment(meta["pack_id"], decode_ids(meta["token_ids"]), namespace,
+                            bool(meta.get("anchored")), self)
+
+    def context(self, rt, seg: LocalSegment) -> KVContext:
+        """The segment's KVContext: kept from an earlier answer, or prefilled now (timed)."""
+        ctx = self.computed.get(seg.pack_id)
+        if ctx is None:
+            ctx = self._timed(rt, seg.token_ids, seg.namespace, seg.anchored)
+            self.computed.put(seg.pack_id, ctx)
+            self.prefills += 1
+        return ctx
+
+    def _timed(self, rt, token_ids: list[int], namespace: str, anchored: bool) -> KVContext:
+        start = time.perf_counter()
+        ctx = prefill_context(rt, token_ids, fingerprint=self.fingerprint,
+                              tokenizer_id=self.tokenizer_id, namespace=namespace,
+                              anchor=self.anchor if anchored else None)
+        if ctx.keys[0][0].is_cuda:  # the kernels were only queued
+            torch.cuda.synchronize()
+        self.meter.add(len(token_ids), time.perf_counter() - start)
+        return ctx
+
+    def calibrate(self, rt) -> None:
+        """Time prefills of CALIBRATION_TOKENS tokens (within the model's window): run by
+        the scheduler when the edge is idle (`Scheduler.when_idle`)."""
+        window = rt.config.max_position_embeddings
+        for n in CALIBRATION_TOKENS:
+            ids = [i % rt.config.vocab_size for i in range(min(n, window))]
+            self._timed(rt, ids, "calibration", anchored=False)
+
+
+def resolve(rt, composed):
+    """`composed` with each LocalSegment replaced by its KVContext (on the model's thread)."""
+    if not any(isinstance(seg, LocalSegment) for seg in composed.segments):
+        return composed
+    return replace(composed, segments=[seg.prefill.context(rt, seg)
+                                       if isinstance(seg, LocalSegment) else seg
+                                       for seg in composed.segments])
