@@ -6,12 +6,20 @@ in-process) ingests a KB; for each link (`bench.link.LinkEmulator`: bandwidth pe
 link (`kvedge serve --kb`: no pack fetched), then, per question, through `EdgeEngine.ask`:
 
 - *cold*: the edge's pack cache emptied first, so the question's packs cross the link inside
-  the ask (fetched whole, verified, then loaded: fetch-then-answer, the only schedule built);
+  the ask (fetched whole, verified, then loaded: fetch-then-answer, `kvedge serve
+  --always-fetch`);
 - *warm*: the same question again, its packs cached;
 - *local prefill*: `recompute` over the cached packs' text — what an edge without packs
-  would do (full prefill of the prompt).
+  would do (full prefill of the prompt);
+- *fetch-or-compute*: cold again (pack cache and computed segments emptied), on an engine
+  that chooses per missing segment between fetching its pack and prefilling its text
+  (`edge.fetch_or_compute`, `kvedge serve`'s default). It shares the fetcher, so it knows
+  the link from the cold asks' transfers, as an edge that has answered before does; its
+  prefill is calibrated before the first question.
 
-TTFTs are medians over the questions; the ratios are cold / local prefill, per link.
+TTFTs are medians over the questions; the ratios are cold / local prefill and
+fetch-or-compute / the better of cold and local prefill, per link; `computed` counts the
+segments fetch-or-compute prefilled, of the `missing` ones, over all questions.
 """
 from __future__ import annotations
 
@@ -59,23 +67,31 @@ def over_link(loaded, address: str, token: str, link: tuple[float, float],
                fetcher=fetcher).sync_once()
         synced = time.perf_counter() - start
         engine = EdgeEngine(loaded, cache, state, fetcher=fetcher)
+        choosing = EdgeEngine(loaded, cache, state, fetcher=fetcher, fetch_or_compute=True)
+        choosing.scheduler.settle()  # its prefill calibrated
         rows = []
         for question in questions:
             cache.clear()
-            cold = _ask(engine, target, question, max_new_tokens)
-            warm = _ask(engine, target, question, max_new_tokens)
-            local = _ask(engine, target, question, max_new_tokens, "recompute")
-            rows.append({"cold": cold, "warm": warm, "local": local})
+            cold = _ask(engine, target, question, max_new_tokens).ttft_s
+            warm = _ask(engine, target, question, max_new_tokens).ttft_s
+            local = _ask(engine, target, question, max_new_tokens, "recompute").ttft_s
+            cache.clear()
+            choosing.local.computed.clear()
+            chose = _ask(choosing, target, question, max_new_tokens)
+            rows.append({"cold": cold, "warm": warm, "local": local, "foc": chose.ttft_s,
+                         "computed": len(chose.computed_segments),
+                         "missing": len(chose.computed_segments + chose.fetched_segments)})
         engine.close()
+        choosing.close()
         return {"sync_s": synced, "link_bytes": emulated.bytes, "rows": rows}
 
 
-def _ask(engine, target, question: str, max_new_tokens: int, strategy: str = "") -> float:
+def _ask(engine, target, question: str, max_new_tokens: int, strategy: str = ""):
     from kvedge.edge import DEFAULT_STRATEGY
 
     *_, done = engine.ask(target, question, strategy=strategy or DEFAULT_STRATEGY,
                           max_new_tokens=max_new_tokens)
-    return done.ttft_s
+    return done
 
 
 def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tokens: int = 4,
@@ -90,10 +106,13 @@ def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tok
         for link in links:
             got = over_link(loaded, address, token, link, questions, root / f"edge-{link[0]}",
                             max_new_tokens)
-            med = {k: median(r[k] for r in got["rows"]) for k in ("cold", "warm", "local")}
+            med = {k: median(r[k] for r in got["rows"])
+                   for k in ("cold", "warm", "local", "foc")}
             out.append({"mbit_s": link[0], "rtt_ms": link[1], "sync_s": got["sync_s"],
                         **{f"{k}_ttft_s": v for k, v in med.items()},
                         "cold_over_local": med["cold"] / med["local"],
+                        "foc_over_best": med["foc"] / min(med["cold"], med["local"]),
+                        **{k: sum(r[k] for r in got["rows"]) for k in ("computed", "missing")},
                         "questions": len(questions)})
             echo(out[-1])
     finally:
@@ -104,11 +123,14 @@ def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tok
 
 def table(rows: list[dict]) -> str:
     lines = ["| link | manifest sync s | cold TTFT s | warm TTFT s | local prefill TTFT s | "
-             "cold / local |", "|---|---|---|---|---|---|"]
+             "cold / local | fetch-or-compute TTFT s | computed / missing | "
+             "FoC / best of cold, local |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mbit_s']:g} Mbit/s, {r['rtt_ms']:g} ms | {r['sync_s']:.2f} | "
                      f"{r['cold_ttft_s']:.2f} | {r['warm_ttft_s']:.2f} | "
-                     f"{r['local_ttft_s']:.2f} | {r['cold_over_local']:.2f} |")
+                     f"{r['local_ttft_s']:.2f} | {r['cold_over_local']:.2f} | "
+                     f"{r['foc_ttft_s']:.2f} | {r['computed']} / {r['missing']} | "
+                     f"{r['foc_over_best']:.2f} |")
     return "\n".join(lines)
 
 
