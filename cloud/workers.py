@@ -21,14 +21,6 @@ from kvedge.cloud.ingest import TextSegment, make_segments
 from kvedge.common.pack.manifest import KVShape
 
 
-# SamKV's local Q cache (Eq. 1) enters the query vector as one pooled vector per head, so the
-# pack keeps the mean pre-RoPE query of the local region — the last 2 blocks, 128 tokens
-# (the paper's Sec. 4.1) — as (Hq, 1, D) per layer: 34.6 KB per pack on SmolLM2 whatever its
-# length (30 layers × 9 heads × 64 × fp16). Keeping the 128 queries themselves would cost
-# 4.4 MB per pack, more than a 190-token segment's whole KV (Hq = 3 Hkv on SmolLM2).
-QUERY_CACHE_TOKENS = 128
-
-
 def chat_prefix_ids(tokenizer) -> list[int]:
     """The tokens the edge puts before the segments (`EdgeEngine.prefix_ids`)."""
     from kvedge.common.model.tokenizer import chat_turn
@@ -100,17 +92,12 @@ class PrefillEngine:
         its pre-RoPE KV as a pack."""
         from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.container import pack_id
-        from kvedge.common.pack.context import KVContext
         from kvedge.common.pack.format import encode_pack
+        from kvedge.common.pack.prefill import segment_context
 
-        anchor = self.anchor_ids if anchored else []
-        keys, values, queries = self.prefill_segment(segment.token_ids, anchored)
-        ctx = KVContext.from_dense(keys, values, segment.token_ids,
-                                   model_fingerprint=self.loaded.fingerprint,
-                                   tokenizer_id=self.loaded.tokenizer_id,
-                                   queries=[q[:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True)
-                                            for q in queries],
-                                   query_tokens=1, namespace=namespace, anchor=anchor)
+        ctx = segment_context(self.rt, segment.token_ids, fingerprint=self.loaded.fingerprint,
+                              tokenizer_id=self.loaded.tokenizer_id, namespace=namespace,
+                              anchor=self.anchor if anchored else None)
         data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
                               transforms=self._unshipped(data))
@@ -127,32 +114,23 @@ class PrefillEngine:
 
     def prefill_segment(self, token_ids: list[int], anchored: bool = False):
         """(keys, values, queries) per layer of the segment's tokens only, pre-RoPE, each
-        (H, T, D): prefilled from position 0, or at positions P..P+T-1 over the anchor's KV
-        (P anchor tokens), which is the joint prefill of [anchor + segment] without
-        recomputing the anchor each time."""
-        from kvedge.common.model.runtime import LayerCapture
+        (H, T, D): from position 0, or behind the chat prefix
+        (`kvedge.common.pack.prefill.prefill_segment`)."""
+        from kvedge.common.pack.prefill import prefill_segment
 
-        ids = torch.tensor(token_ids)
-        if not anchored:
-            res = self.rt.prefill(ids, want_queries=True, logits="none")
-            return res.keys, res.values, res.queries
-        keys, values = self._anchor_kv
-        n_anchor = len(self.anchor_ids)
-        cache = self.rt.dense_cache(keys, values, torch.arange(n_anchor), reserve=ids.numel())
-        capture = LayerCapture(want_queries=True)
-        self.rt.forward(ids, torch.arange(n_anchor, n_anchor + ids.numel()), cache,
-                        capture=capture, logits="none")
-        return capture.keys, capture.values, capture.queries
+        return prefill_segment(self.rt, token_ids, self.anchor if anchored else None)
 
     @cached_property
     def anchor_ids(self) -> list[int]:
         return chat_prefix_ids(self.loaded.tokenizer)
 
     @cached_property
-    def _anchor_kv(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The anchor's pre-RoPE keys and values per layer, prefilled once."""
+    def anchor(self):
+        """The chat prefix with its pre-RoPE keys and values per layer, prefilled once."""
+        from kvedge.common.pack.prefill import Anchor
+
         res = self.rt.prefill(torch.tensor(self.anchor_ids), logits="none")
-        return res.keys, res.values
+        return Anchor(self.anchor_ids, res.keys, res.values)
 
     def compress(self, index: int, pack: bytes, method: str, budget: float,
                  codec: str) -> EncodedSegment:

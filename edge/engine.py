@@ -27,11 +27,12 @@ from kvedge.common.errors import (BadInput, ContextLengthExceeded, InvalidReques
 from kvedge.common.model.decoding import GREEDY, Decoding, Sampler
 from kvedge.common.pack.errors import PackCorrupt, PackError, PackUnavailable
 from kvedge.common.pack.manifest import KVShape
+from kvedge.common.pack.prefill import Anchor
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge import DEFAULT_SESSION_BYTES
 from kvedge.edge.conversation import Conversation
 from kvedge.edge.fetch_or_compute import FetchOrCompute, Sourced
-from kvedge.edge.local_prefill import Anchor, LocalPrefill, resolve
+from kvedge.edge.local_prefill import LocalPrefill, resolve
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.sessions import PrefixCache, PrefixKV

@@ -1,6 +1,6 @@
 """A segment's KV computed on the edge instead of fetched (`edge.fetch_or_compute`): exactly
-what the cloud's prefill computes before its codec quantizes it into the pack
-(`kvedge.cloud.workers.PrefillEngine.encode` and `prefill_segment`) — the segment's token ids
+what the cloud's prefill computes before its codec quantizes it into the pack — the same code,
+`kvedge.common.pack.prefill`, which the cloud's `PrefillEngine.encode` runs: the segment's ids
 from position 0, alone, or, where its pack says it was anchored (docs/design.md, decision 9),
 at positions P.. behind the P tokens of the chat prefix, keeping the segment's KV only; then
 the same side tensors (block summaries of every 64 tokens, the mean pre-RoPE query of the last
@@ -9,9 +9,6 @@ QUERY_CACHE_TOKENS). The edge's chat prefix is the cloud's anchor by constructio
 The token ids are the pack manifest's own, kept in the local index by the syncer
 (`edge.sync.encode_ids`), never the text tokenized again: a decode → encode round trip can
 give other ids.
-
-The edge may not import the cloud (layering), so the cloud's few lines are repeated here;
-tests/test_fetch_or_compute.py checks that both give equal tensors.
 
 A `LocalSegment` stands in a composed prompt for a segment chosen to be computed; the
 answer's start, on the scheduler thread that owns the model, turns it into its KVContext
@@ -32,49 +29,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvedge.common.pack.context import KVContext
+from kvedge.common.pack.prefill import Anchor, segment_context
 from kvedge.edge.meters import PrefillMeter
 from kvedge.edge.sync import decode_ids
 
-QUERY_CACHE_TOKENS = 128  # kvedge.cloud.workers.QUERY_CACHE_TOKENS (a test checks they agree)
 CALIBRATION_TOKENS = (64, 256)  # two sizes: the meter's line needs a slope
 COMPUTED_BYTES = 64 * 2**20  # computed contexts kept (~5 SmolLM2 segments of 256 tokens, fp32)
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """The chat prefix an anchored pack was prefilled behind: ids, pre-RoPE KV per layer."""
-
-    ids: list[int]
-    keys: list[torch.Tensor]    # (Hkv, P, D)
-    values: list[torch.Tensor]
-
-
-def prefill_segment(rt, token_ids: list[int], anchor: Anchor | None = None):
-    """(keys, values, queries) per layer of the segment's tokens, pre-RoPE, each (H, T, D):
-    prefilled from position 0, or at positions P..P+T-1 over the anchor's KV."""
-    from kvedge.common.model.runtime import LayerCapture
-
-    ids = torch.tensor(token_ids)
-    if anchor is None:
-        res = rt.prefill(ids, want_queries=True, logits="none")
-        return res.keys, res.values, res.queries
-    n_anchor = len(anchor.ids)
-    cache = rt.dense_cache(anchor.keys, anchor.values, torch.arange(n_anchor),
-                           reserve=ids.numel())
-    capture = LayerCapture(want_queries=True)
-    rt.forward(ids, torch.arange(n_anchor, n_anchor + ids.numel()), cache, capture=capture,
-               logits="none")
-    return capture.keys, capture.values, capture.queries
-
-
-def prefill_context(rt, token_ids: list[int], *, fingerprint: str, tokenizer_id: str,
-                    namespace: str, anchor: Anchor | None = None) -> KVContext:
-    """The KVContext the cloud encodes into the segment's pack, unquantized."""
-    keys, values, queries = prefill_segment(rt, token_ids, anchor)
-    return KVContext.from_dense(
-        keys, values, token_ids, model_fingerprint=fingerprint, tokenizer_id=tokenizer_id,
-        queries=[q[:, -QUERY_CACHE_TOKENS:].mean(1, keepdim=True) for q in queries],
-        query_tokens=1, namespace=namespace, anchor=list(anchor.ids) if anchor else [])
 
 
 def context_nbytes(ctx: KVContext) -> int:
@@ -162,7 +122,7 @@ class LocalPrefill:
 
     def _timed(self, rt, token_ids: list[int], namespace: str, anchored: bool) -> KVContext:
         start = time.perf_counter()
-        ctx = prefill_context(rt, token_ids, fingerprint=self.fingerprint,
+        ctx = segment_context(rt, token_ids, fingerprint=self.fingerprint,
                               tokenizer_id=self.tokenizer_id, namespace=namespace,
                               anchor=self.anchor if anchored else None)
         if ctx.keys[0][0].is_cuda:  # the kernels were only queued

@@ -6,7 +6,8 @@ import torch
 from kvedge.cloud.catalog import BASE
 from kvedge.cloud.gateway import Gateway, GatewayConfig
 from kvedge.cloud.ingest import TextSegment
-from kvedge.cloud.workers import QUERY_CACHE_TOKENS, PrefillEngine, chat_prefix_ids
+from kvedge.cloud.workers import PrefillEngine, chat_prefix_ids
+from kvedge.common.pack.prefill import QUERY_CACHE_TOKENS
 from kvedge.common.pack.format import read_pack
 
 

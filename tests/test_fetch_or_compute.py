@@ -106,21 +106,21 @@ def prefill_engine():
 
 @pytest.mark.parametrize("anchored", [False, True])
 def test_the_edges_segment_prefill_is_the_clouds(prefill_engine, anchored):
+    """The edge's anchor (its own chat prefix KV) is the cloud's: the shared prefill
+    (`kvedge.common.pack.prefill`) behind it gives the cloud's tensors and pack content."""
     from kvedge.cloud.ingest import TextSegment
-    from kvedge.cloud.workers import QUERY_CACHE_TOKENS
+    from kvedge.common.pack import prefill
     from kvedge.common.pack.format import read_pack
-    from kvedge.edge import local_prefill
     from kvedge.edge.engine import EdgeEngine
 
-    assert local_prefill.QUERY_CACHE_TOKENS == QUERY_CACHE_TOKENS
     ids = torch.randint(0, 250, (150,), generator=torch.Generator().manual_seed(3)).tolist()
     edge_engine = EdgeEngine(prefill_engine.loaded)
-    anchor = local_prefill.Anchor(edge_engine.prefix_ids, edge_engine.prefix_keys,
-                                  edge_engine.prefix_values) if anchored else None
-    mine = local_prefill.prefill_segment(prefill_engine.rt, ids, anchor)
+    anchor = prefill.Anchor(edge_engine.prefix_ids, edge_engine.prefix_keys,
+                            edge_engine.prefix_values) if anchored else None
+    mine = prefill.prefill_segment(prefill_engine.rt, ids, anchor)
     theirs = prefill_engine.prefill_segment(ids, anchored)
     assert all(torch.equal(a, b) for x, y in zip(mine, theirs) for a, b in zip(x, y))
-    ctx = local_prefill.prefill_context(
+    ctx = prefill.segment_context(
         prefill_engine.rt, ids, fingerprint=prefill_engine.loaded.fingerprint,
         tokenizer_id=prefill_engine.loaded.tokenizer_id, namespace="ns", anchor=anchor)
     pack = read_pack(prefill_engine.encode(TextSegment(0, "d.md", "", ids), "ns", "fp32",
