@@ -1,11 +1,11 @@
 """Time to the whole answer, with and without prompt-lookup drafts, on real questions (issue 28).
 
 `python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic]
-[--style short|sentence] [--spec-rows 8]`: HotpotQA questions of the tuning split
-(`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through the served
-path (`EdgeEngine.answer`, the scheduler, batch-invariant steps) by each strategy twice in a
-row — drafts off (`spec_rows` 0), then on — so both see the same machine. Per strategy and
-mode: median TTFT, TPOT and time to the whole answer, tokens per decode step, the drafts'
+[--style short|sentence] [--spec-rows 8] [--no-batch-invariant]`: HotpotQA questions of the
+tuning split (`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through
+the served path (`EdgeEngine.answer`, the scheduler, batch-invariant steps unless told
+otherwise) by each strategy twice in a row — drafts off (`spec_rows` 0), then on — so both
+see the same machine. Per strategy and mode: median TTFT, TPOT and time to the whole answer, tokens per decode step, the drafts'
 accept rate, and how many answers differ between the modes (none may: under greedy a step
 keeps only the drafts the model's own picks agree with).
 
@@ -25,13 +25,14 @@ STYLES = {
 
 
 def run(model: str, questions: int, strategies: list[str], style: str, spec_rows: int,
-        max_new_tokens: int, seed: int = 0) -> list[dict]:
+        max_new_tokens: int, seed: int = 0, invariant: bool = True) -> list[dict]:
     from kvedge.bench.real.hotpotqa import hotpot_fixed_items
     from kvedge.bench.suites import Bench
     from kvedge.edge.strategies import get_strategy
 
     bench = Bench(model)
     scheduler = bench.engine.scheduler
+    scheduler.invariant = invariant  # off: a lone answer's plain step is one row, no padding
     rows = []
     for item in hotpot_fixed_items(10, questions, seed):
         segments = [bench.load(path) for doc in item.documents
@@ -85,16 +86,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--spec-rows", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-batch-invariant", dest="invariant", action="store_false",
+                    help="unpadded steps (`kvedge serve --no-batch-invariant`): drafts then "
+                    "add rows to a one-row step instead of filling padding")
     ap.add_argument("--out", help="write every answer's row here (JSON lines)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args.model, args.questions, args.strategies.split(","), args.style,
-               args.spec_rows, args.max_new_tokens)
+               args.spec_rows, args.max_new_tokens, invariant=args.invariant)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
     print(f"{args.model}, {args.questions} HotpotQA questions (tuning split, 10 paragraphs), "
-          f"style {args.style}, {args.threads} threads")
+          f"style {args.style}, {args.threads} threads, "
+          f"{'batch-invariant' if args.invariant else 'unpadded'} steps")
     print("\n".join(summary(rows)))
 
 

@@ -80,7 +80,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="asks waiting beyond the batch; more are refused RESOURCE_EXHAUSTED")
 @click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
               help="an answer never depends on what shares its decode steps; an answer decoded "
-              "alone costs ~1.6x per token for it on CPU (docs/serving.md)")
+              "alone runs 4-row steps for it (~1.6x per token on CPU, less where its "
+              "--spec-rows drafts fill those rows: docs/serving.md)")
 @click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
               help="rows a decode step may fill with draft tokens copied from the prompt "
               "(prompt-lookup speculation; greedy answers unchanged) [default: 8; 0 = off]")
