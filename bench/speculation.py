@@ -5,9 +5,10 @@
 tuning split (`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through
 the served path (`EdgeEngine.answer`, the scheduler, batch-invariant steps unless told
 otherwise) by each strategy twice in a row — drafts off (`spec_rows` 0), then on — so both
-see the same machine. Per strategy and mode: median TTFT, TPOT and time to the whole answer, tokens per decode step, the drafts'
-accept rate, and how many answers differ between the modes (none may: under greedy a step
-keeps only the drafts the model's own picks agree with).
+see the same machine. Per strategy and mode: median TTFT, TPOT and time to the whole
+answer, tokens per decode step, the drafts' accept rate, and how many answers differ between
+the modes (none may: under greedy a step keeps only the drafts the model's own picks agree
+with).
 
 `--style short` asks HotpotQA's way (the answer only: a few tokens); `sentence` asks for one
 sentence (~20–30 tokens), the answers users of a chat page read.
