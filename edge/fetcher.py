@@ -37,6 +37,7 @@ class _Flight:
 
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    callers: int = 1  # the leader and its waiters
 
 
 class Fetcher:
@@ -66,6 +67,8 @@ class Fetcher:
             if leading:
                 flight = self._flights[pack_id] = _Flight()
                 self.transfers += 1
+            else:
+                flight.callers += 1
         if not leading:
             flight.done.wait()
             if flight.error is not None:
@@ -87,9 +90,11 @@ class Fetcher:
         with self._lock:
             return bool(self._flights)
 
-    def in_flight(self, pack_id: str) -> bool:
+    def in_flight(self, pack_id: str) -> int:
+        """How many fetches share the transfer of `pack_id` under way (0: none)."""
         with self._lock:
-            return pack_id in self._flights
+            flight = self._flights.get(pack_id)
+            return 0 if flight is None else flight.callers
 
     def _transfer(self, namespace: str, pack_id: str) -> None:
         """Resume from what the cache holds of it, verify, commit, keep the cache in budget

@@ -48,7 +48,7 @@ def fetch_together(fetcher, pid, n=16) -> list:
     for t in threads:
         t.start()
     started.wait()
-    while not fetcher.in_flight(pid):
+    while fetcher.in_flight(pid) < n:  # every one joined the transfer before it may end
         time.sleep(0.001)
     return threads, results
 
