@@ -107,11 +107,12 @@ def _table(names: tuple[str, str], columns: list[str], rows: list[dict], budget_
 
 
 def reuse_table(rows: list[dict]) -> list[str]:
-    columns = ["of ceiling", "TTFT s", "TTFT / recompute", "TPOT ms", "KV MB", "KV / full",
-               "sequence ratio", "recomputed tok"]
+    columns = ["of ceiling", "TTFT s", "TTFT / recompute", "TPOT ms", "answer s",
+               "answer / recompute", "KV MB", "KV / full", "sequence ratio", "recomputed tok"]
     return _table(("strategy", "ratio"), columns, rows, 1, lambda r: [
         _fmt(acc(r)[1]), _fmt(r.get("first_token_s"), ".3f"), _fmt(r.get("first_token_s_ratio")),
-        _fmt(r.get("tpot_s"), ".0f", 1e3), _fmt(r.get("kv_bytes"), ".2f", 1e-6),
+        _fmt(r.get("tpot_s"), ".0f", 1e3), _fmt(r.get("answer_s")),
+        _fmt(r.get("answer_s_ratio")), _fmt(r.get("kv_bytes"), ".2f", 1e-6),
         _fmt(r.get("kv_bytes_ratio")), _fmt(r.get("sequence_ratio")),
         _fmt(r.get("recomputed"), ".0f")])
 

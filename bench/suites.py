@@ -48,11 +48,12 @@ from kvedge.edge import DEFAULT_STRATEGY
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
-METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
+METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
+           "shipped_bytes",
            "fp16_bytes", "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens",
            "load_s", "sequence_ratio", *QA_METRICS)
-RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "kv_bytes", "shipped_bytes",
-          *QA_METRICS)
+RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
+          "shipped_bytes", *QA_METRICS)
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
@@ -250,7 +251,9 @@ class Bench:
         if not self.shared_ceiling or recompute == self.timed or self.order != "given":
             return self._reuse(item, recompute, codec)
         rows = self._reuse(item, SharedContext(), codec)
-        return [{**row, "first_token_s": rows[0]["first_token_s"]} for row in rows]
+        first = rows[0]["first_token_s"]  # and each whole answer as if it had prefilled
+        return [{**row, "first_token_s": first,
+                 "answer_s": row["answer_s"] - row["first_token_s"] + first} for row in rows]
 
     def _compressed(self, item: QAItem, ctx, method: str, budget: float):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are

@@ -453,6 +453,7 @@ class _Transcript:
         return {"answer": self.stops.text.strip(), "tokens": len(self.stream.ids),
                 "finish_reason": self.finish_reason,
                 "first_token_s": times[0] - start if times else 0.0,
+                "answer_s": times[-1] - start if times else 0.0,  # time to the whole answer
                 "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
                 "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
                 "sequence_ratio": sequence_ratio(plan.cache, composed),
