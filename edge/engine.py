@@ -92,8 +92,9 @@ class EdgeEngine:
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
     `batch_invariant` an answer is the same whatever shares its steps
     (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
-    rows a step from their prompt (default SPEC_ROWS; 0 = off). `ask` (the services) retrieves and composes;
-    `answer` (the benchmark) takes a prompt the caller composed and runs it the same way.
+    rows a step from their prompt (default SPEC_ROWS; 0 = off). `ask` (the services)
+    retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
+    runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
     without one a missing or damaged pack fails the ask with PackCorrupt. `prefetcher` (an
     `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k.
@@ -131,7 +132,8 @@ class EdgeEngine:
         """Segment prefills on this edge (`local`) and the choice between them and fetches."""
         self.local = LocalPrefill(self.loaded.fingerprint, self.loaded.tokenizer_id,
                                   Anchor(self.prefix_ids, self.prefix_keys, self.prefix_values))
-        self.chooser = FetchOrCompute(fetcher.link, self.local.meter, self.local.computed.has)
+        self.chooser = FetchOrCompute(fetcher.link, self.local.meter,
+                                      lambda pack_id: pack_id in self.local.computed)
         self.scheduler.when_idle(self.local.calibrate)
 
     def _kb(self, target: Target) -> _KB:

@@ -15,21 +15,20 @@ answer's start, on the scheduler thread that owns the model, turns it into its K
 (`resolve`) before the strategy's plan, so a strategy sees a KVContext as it would a decoded
 pack. Each prefill is timed into the `PrefillMeter` the choice reads; `calibrate` times two
 when the edge is idle, so the edge knows its prefill before it first has to choose. Computed
-contexts are kept in a small LRU in memory (`ComputedSegments`, by pack id), never in the
+contexts are kept in a small LRU in memory (`edge.lru.ByteLRU`, by pack id), never in the
 pack cache: they are not the pack's bytes (unquantized, unverified against its hash), and the
 cache's files are what sync, prefetch and eviction reason about.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import torch
 
 from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.prefill import Anchor, segment_context
+from kvedge.edge.lru import ByteLRU
 from kvedge.edge.meters import PrefillMeter
 from kvedge.edge.sync import decode_ids
 
@@ -42,42 +41,6 @@ def context_nbytes(ctx: KVContext) -> int:
                for t in layer]
     tensors += [*(ctx.block_summaries or ()), *(ctx.query_cache or ())]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class ComputedSegments:
-    """Computed contexts by pack id, least recently used dropped beyond `budget_bytes`."""
-
-    def __init__(self, budget_bytes: int = COMPUTED_BYTES):
-        self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[str, tuple[KVContext, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()  # looked up on asks' threads, filled on the scheduler's
-
-    def has(self, pack_id: str) -> bool:
-        with self._lock:
-            return pack_id in self._entries
-
-    def get(self, pack_id: str) -> KVContext | None:
-        with self._lock:
-            if pack_id not in self._entries:
-                return None
-            self._entries.move_to_end(pack_id)
-            return self._entries[pack_id][0]
-
-    def put(self, pack_id: str, ctx: KVContext) -> None:
-        size = context_nbytes(ctx)
-        with self._lock:
-            if pack_id in self._entries:
-                self._bytes -= self._entries.pop(pack_id)[1]
-            self._entries[pack_id] = ctx, size
-            self._bytes += size
-            while self._bytes > self.budget_bytes and self._entries:
-                self._bytes -= self._entries.popitem(last=False)[1][1]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +66,7 @@ class LocalPrefill:
                  meter: PrefillMeter | None = None, budget_bytes: int = COMPUTED_BYTES):
         self.fingerprint, self.tokenizer_id, self.anchor = fingerprint, tokenizer_id, anchor
         self.meter = meter if meter is not None else PrefillMeter()
-        self.computed = ComputedSegments(budget_bytes)
+        self.computed: ByteLRU[KVContext] = ByteLRU(budget_bytes)  # by pack id
         self.prefills = 0  # segments prefilled since start (LRU hits not counted)
 
     def segment(self, namespace: str, meta: dict) -> LocalSegment:
@@ -116,7 +79,7 @@ class LocalPrefill:
         ctx = self.computed.get(seg.pack_id)
         if ctx is None:
             ctx = self._timed(rt, seg.token_ids, seg.namespace, seg.anchored)
-            self.computed.put(seg.pack_id, ctx)
+            self.computed.put(seg.pack_id, ctx, context_nbytes(ctx))
             self.prefills += 1
         return ctx
 

@@ -85,24 +85,25 @@ class LineWindow:
             points = list(self._points)
         return theil_sen(points)
 
+    def seconds(self, size: float) -> float | None:
+        """The line's prediction at `size`; None before any point."""
+        line = self.line()
+        return None if line is None else line.at(size)
+
+    @property
+    def rate(self) -> float | None:
+        """Units per second beyond the fixed cost (None: unknown)."""
+        line = self.line()
+        return None if line is None or not line.per_unit else 1.0 / line.per_unit
+
     def clear(self) -> None:
         with self._lock:
             self._points.clear()
 
 
 class PrefillMeter(LineWindow):
-    """Seconds the edge's runtime takes to prefill a segment of n tokens."""
-
-    def seconds(self, tokens: int) -> float | None:
-        """The predicted prefill; None before any prefill was timed."""
-        line = self.line()
-        return None if line is None else line.at(tokens)
-
-    @property
-    def rate(self) -> float | None:
-        """Tokens/s beyond the fixed cost (None: unknown)."""
-        line = self.line()
-        return None if line is None or not line.per_unit else 1.0 / line.per_unit
+    """Seconds the edge's runtime takes to prefill a segment of n tokens (`seconds(n)`;
+    `rate`: tokens/s)."""
 
 
 class Timing:
@@ -152,8 +153,7 @@ class LinkMeter:
 
     def seconds(self, nbytes: int) -> float | None:
         """A fetch of `nbytes` alone: RTT + nbytes / throughput; None before any transfer."""
-        line = self._window.line()
-        return None if line is None else line.at(nbytes)
+        return self._window.seconds(nbytes)
 
     @property
     def rtt_s(self) -> float | None:
@@ -165,8 +165,7 @@ class LinkMeter:
     @property
     def throughput(self) -> float | None:
         """Bytes/s (None: unknown)."""
-        line = self._window.line()
-        return None if line is None or not line.per_unit else 1.0 / line.per_unit
+        return self._window.rate
 
     def clear(self) -> None:
         """Forget what was measured (a benchmark's fresh edge)."""

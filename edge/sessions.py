@@ -15,14 +15,13 @@ one entry, and a scan of a few hundred tuples costs microseconds beside a forwar
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from kvedge.common.model.runtime import LayerCapture
 from kvedge.edge import DEFAULT_SESSION_BYTES
+from kvedge.edge.lru import ByteLRU
 
 
 @dataclass
@@ -57,9 +56,7 @@ class PrefixCache:
     stats: SessionStats = field(default_factory=SessionStats)
 
     def __post_init__(self):
-        self._entries: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
-        self._bytes = 0  # the entries' nbytes, kept as they come and go
-        self._lock = threading.Lock()
+        self._entries: ByteLRU[PrefixKV] = ByteLRU(self.budget_bytes, self.max_entries)
 
     def kv(self, rt, ids: list[int]) -> PrefixKV:
         """The KV of `ids` (run on the model's thread: it may run a forward)."""
@@ -79,31 +76,18 @@ class PrefixCache:
         return got
 
     def _longest(self, key: tuple[int, ...]) -> tuple[tuple[int, ...], PrefixKV | None]:
-        with self._lock:
-            best = max((k for k in self._entries if len(k) <= len(key) and key[:len(k)] == k),
-                       key=len, default=())
-            if best:
-                self._entries.move_to_end(best)
-            return best, self._entries.get(best)
+        best = max((k for k in self._entries.keys() if len(k) <= len(key)
+                    and key[:len(k)] == k), key=len, default=())
+        stored = self._entries.get(best) if best else None
+        return (best, stored) if stored is not None else ((), None)  # evicted meanwhile
 
     def put(self, key: tuple[int, ...], kv: PrefixKV) -> None:
         """Keep `kv` as the KV of the token ids `key` (evicting beyond the budget)."""
-        with self._lock:
-            if key in self._entries:
-                self._bytes -= self._entries.pop(key).nbytes
-            self._entries[key] = PrefixKV(kv.keys, kv.values)
-            self._bytes += kv.nbytes
-            while self._entries and (self._bytes > self.budget_bytes
-                                     or len(self._entries) > self.max_entries):
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= dropped.nbytes
-                self.stats.evictions += 1
+        self.stats.evictions += self._entries.put(key, PrefixKV(kv.keys, kv.values), kv.nbytes)
 
     def clear(self) -> None:
         """Forget every prefix (a benchmark's cold start; the counts are kept)."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+        self._entries.clear()
 
 
 def _extend(rt, stored: PrefixKV | None, n: int, key: tuple[int, ...]) -> PrefixKV:

@@ -162,9 +162,7 @@ class Decoding:
 
     def advance(self, logits: torch.Tensor) -> int:
         """The last token ran at `next_position()`; pick the next one from its logits (vocab,)."""
-        self.position += 1
-        self.steps += 1
-        self.fresh = [self.pick(logits)]
+        self.accept(logits[None], [])
         return self.token
 
     def accept(self, logits: torch.Tensor, drafts: list[int]) -> int:
