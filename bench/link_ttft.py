@@ -34,14 +34,11 @@ LINKS = ((10, 20), (100, 20), (1000, 20))  # (Mbit/s per direction, RTT ms)
 
 def gateway(model: str, folder: Path, data: Path, segment_tokens: int = 256):
     """A gateway on loopback with `folder` ingested as default/bench: (server, address, token)."""
-    from kvedge.cloud.gateway import GatewayConfig, serve
-    from kvedge.cloud.workers import start_ray
+    from kvedge.cloud.gateway import GatewayConfig, serve_local
     from kvedge.common.net.cloud_client import CloudClient
 
-    start_ray(num_cpus=2)
-    server, _, port = serve(GatewayConfig(data, model=model, segment_tokens=segment_tokens),
-                            "127.0.0.1:0")
-    address, token = f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()
+    server, _, address, token = serve_local(
+        GatewayConfig(data, model=model, segment_tokens=segment_tokens))
     with CloudClient(address, token) as cloud:
         cloud.upload(folder, "default", "bench")
         cloud.wait_ready("default", "bench")

@@ -336,3 +336,15 @@ def serve(config: GatewayConfig, address: str = "127.0.0.1:50051", pool=None,
                               address, ["kvedge.v1.Cloud"], max_workers, tls, insecure,
                               registry)
     return server, gateway, port
+
+
+def serve_local(config: GatewayConfig, **serve_kw):
+    """A gateway in this process on a free loopback port, Ray started for 2 CPUs (or joined):
+    (server, gateway, address, admin token) — the benchmark's and the tests' cloud. `serve_kw`
+    go to `serve` (pool=, tls=, registry=)."""
+    from kvedge.cloud.workers import start_ray
+
+    start_ray(num_cpus=2)
+    server, gateway, port = serve(config, "127.0.0.1:0", **serve_kw)
+    return (server, gateway, f"127.0.0.1:{port}",
+            (config.data_dir / "admin.token").read_text().strip())

@@ -130,13 +130,9 @@ class EdgeProcess(Daemon):
 
 
 def in_process_gateway(data: Path, model: str, segment_tokens: int, **serve_kw):
-    """A gateway in this process on a free loopback port, Ray started for 2 CPUs (or joined):
-    (server, gateway, address, admin token). `serve_kw` go to `kvedge.cloud.gateway.serve`
-    (tls=, registry=)."""
-    from kvedge.cloud.gateway import GatewayConfig, serve
-    from kvedge.cloud.workers import start_ray
+    """`kvedge.cloud.gateway.serve_local` of a gateway for `model` cutting `segment_tokens`:
+    (server, gateway, address, admin token)."""
+    from kvedge.cloud.gateway import GatewayConfig, serve_local
 
-    start_ray(num_cpus=2)
-    server, gateway, port = serve(GatewayConfig(data, model=model, segment_tokens=segment_tokens),
-                                  "127.0.0.1:0", **serve_kw)
-    return server, gateway, f"127.0.0.1:{port}", (data / "admin.token").read_text().strip()
+    return serve_local(GatewayConfig(data, model=model, segment_tokens=segment_tokens),
+                       **serve_kw)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvedge.cloud.gateway import GatewayConfig, serve
+from kvedge.cloud.gateway import GatewayConfig, serve_local
 from kvedge.cloud.workers import PrefillPool, start_ray
 from kvedge.common.model.models import load_model
 from kvedge.common.net.cloud_client import CloudClient
@@ -25,9 +25,9 @@ DOCS = {"alpha.md": "The alpha code is 1234567. Alpha is a small harbour town.\n
 
 
 def start_gateway(data, store_url, pool) -> SimpleNamespace:
-    server, gateway, port = serve(GatewayConfig(data, store_url, MODEL, segment_tokens=48),
-                                  "127.0.0.1:0", pool=pool)
-    client = CloudClient(f"127.0.0.1:{port}", (data / "admin.token").read_text().strip())
+    server, gateway, address, token = serve_local(
+        GatewayConfig(data, store_url, MODEL, segment_tokens=48), pool=pool)
+    client = CloudClient(address, token)
     return SimpleNamespace(server=server, gateway=gateway, client=client)
 
 
