@@ -8,6 +8,7 @@ last turn and on the whole conversation; two system instructions. Prints each an
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 QUESTION = "In what year was the Marrowind Lighthouse completed?"
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     model = args[0] if args else "qwen2.5-coder-0.5b"
-    state, target = Path(f"/tmp/chatq-{model}"), Target("default", "chat")
+    # kept between runs: the KB is prefilled once per model
+    state, target = Path(tempfile.gettempdir()) / f"chatq-{model}", Target("default", "chat")
     if not manifest_path(state, target).exists():
         sync_local_kb(state, model, DEMO_KB, target.kb)
     loaded = load_model(model)

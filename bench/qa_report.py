@@ -64,12 +64,12 @@ def qa_tables(rows: list[dict]) -> list[str]:
     real = [r for r in rows if r["task"] in REAL_TASKS and r.get("f1") is not None]
     out = []
     for group in _groups(real):
-        suite, task, length, items, _ = _group_key(group[0])
+        suite, task, length, items, seed = _group_key(group[0])
         cached = max(r.get("ceiling_cached") or 0 for r in group)
         note = f"; {CEILING[suite]}'s answers of {cached} questions read from an earlier run" \
             if cached else ""
         unit = "paragraphs" if task == HOTPOT_FIXED else "tokens"
-        out += [f"### {task} @ {length} {unit}, {items} items (seed {group[0]['seed']}){note}", "",
+        out += [f"### {task} @ {length} {unit}, {items} items (seed {seed}){note}", "",
                 "| " + " | ".join(head(CEILING[suite])) + " |", "|" + "---|" * 11]
         for r in sorted(group, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
                                               _label(r))):

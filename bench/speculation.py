@@ -36,8 +36,7 @@ def run(model: str, questions: int, strategies: list[str], style: str, spec_rows
     scheduler.invariant = invariant  # off: a lone answer's plain step is one row, no padding
     rows = []
     for item in hotpot_fixed_items(10, questions, seed):
-        segments = [bench.load(path) for doc in item.documents
-                    for path, _ in bench.pack_files(doc, False)]
+        segments = [ctx for doc in item.documents for ctx, _ in bench.packs(doc, False)]
         q = item.questions[0]
         composed = bench.engine.compose(segments, q.text, STYLES[style] or q.instruction)
         for name in strategies:
