@@ -17,25 +17,23 @@ steps after a warm one:
 """
 from __future__ import annotations
 
-import time
-
 
 def transformers_ms(loaded, context: int, steps: int, seed: int = 0) -> float:
     import torch
     from transformers import DynamicCache
 
+    from kvedge.bench.load import per_call_s
+
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, loaded.config.vocab_size, (1, context), generator=gen)
     with torch.no_grad():
         cache = DynamicCache(config=loaded.config)
-        token = loaded.model(ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            token = loaded.model(token.view(1, 1), past_key_values=cache,
-                                 use_cache=True).logits[0, -1].argmax()
-            times.append(time.perf_counter() - start)
-    return sum(times[1:]) / (len(times) - 1) * 1e3
+        last = [loaded.model(ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax()]
+
+        def step():  # the greedy token fed back, as decoding does
+            last[0] = loaded.model(last[0].view(1, 1), past_key_values=cache,
+                                   use_cache=True).logits[0, -1].argmax()
+        return per_call_s(step, steps) * 1e3
 
 
 def llamacpp_ms(gguf: str, context: int, steps: int, threads: int, seed: int = 0
@@ -47,22 +45,20 @@ def llamacpp_ms(gguf: str, context: int, steps: int, threads: int, seed: int = 0
         return None
     import random
 
+    from kvedge.bench.load import per_call_s
+
     llm = Llama(model_path=gguf, n_ctx=context + steps + 8, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
     rng = random.Random(seed)
     llm.eval([rng.randrange(1000, llm.n_vocab()) for _ in range(context)])
-    times = []
-    for _ in range(steps):
-        token = rng.randrange(1000, llm.n_vocab())
-        start = time.perf_counter()
-        llm.eval([token])
-        times.append(time.perf_counter() - start)
-    return sum(times[1:]) / (len(times) - 1) * 1e3
+    return per_call_s(lambda: llm.eval([rng.randrange(1000, llm.n_vocab())]), steps) * 1e3
 
 
 def weight_pass_ms(loaded, dtype, repeats: int = 10, n_rows: int = 1) -> float:
     import torch
     import torch.nn.functional as F
+
+    from kvedge.bench.load import per_call_s
 
     weights = [p.detach().to(dtype) for p in loaded.model.parameters() if p.dim() == 2]
     rows = {w.shape[1]: torch.randn(n_rows, w.shape[1], dtype=dtype) for w in weights}
@@ -70,11 +66,7 @@ def weight_pass_ms(loaded, dtype, repeats: int = 10, n_rows: int = 1) -> float:
     def one_pass():
         for w in weights:
             F.linear(rows[w.shape[1]], w)
-    one_pass()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        one_pass()
-    return (time.perf_counter() - start) / repeats * 1e3
+    return per_call_s(one_pass, repeats + 1) * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:

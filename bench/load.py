@@ -223,6 +223,15 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     return result
 
 
+def per_call_s(call, calls: int) -> float:
+    """Seconds per call of `call()` over `calls` calls, the first (a warm-up) not timed."""
+    call()
+    start = time.perf_counter()
+    for _ in range(calls - 1):
+        call()
+    return (time.perf_counter() - start) / (calls - 1)
+
+
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
@@ -246,11 +255,7 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
                               steps + 2)
 
     def timed(step) -> float:
-        step()  # warm
-        start = time.perf_counter()
-        for _ in range(steps - 1):
-            step()
-        return (time.perf_counter() - start) / (steps - 1)
+        return per_call_s(step, steps)
 
     costs = {}
     for n in batches:
