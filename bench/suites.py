@@ -49,9 +49,8 @@ from kvedge.edge import DEFAULT_STRATEGY
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
-           "shipped_bytes",
-           "fp16_bytes", "recomputed", "compress_s", "prefill_s", "new_tokens", "prompt_tokens",
-           "load_s", "sequence_ratio", *QA_METRICS)
+           "shipped_bytes", "fp16_bytes", "recomputed", "compress_s", "prefill_s", "new_tokens",
+           "prompt_tokens", "load_s", "sequence_ratio", *QA_METRICS)
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
           "shipped_bytes", *QA_METRICS)
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
