@@ -211,7 +211,8 @@ class EdgeEngine:
             options: Mapping[str, str] | None = None, sampler: Sampler = GREEDY,
             stop: Sequence[str] = (), deadline: float | None = None,
             alive: Callable[[], bool] | None = None,
-            retrieval: str = "last", keep: bool = False) -> Iterator[str | AskResult]:
+            retrieval: str = "last", keep: bool = False,
+            instruction: str = INSTRUCTION) -> Iterator[str | AskResult]:
         """Retrieve, load the packs (fetching missing ones), answer: yield answer pieces, then
         one AskResult. `options` are the strategy's (checked against its fields:
         InvalidOption if bad); `sampler` picks each token (greedy by default); a `stop` string
@@ -226,7 +227,9 @@ class EdgeEngine:
         only its new tokens. Retrieval ranks segments against the last question, or with
         `retrieval="conversation"` against every user message. With `keep` (a chat client,
         likely to send a next turn) the next turn's prefix — this question and its answer
-        appended — is computed when the edge is idle, so that turn finds it whole."""
+        appended — is computed when the edge is idle, so that turn finds it whole.
+        `instruction` follows the question (the benchmark's datasets give their own: HotpotQA
+        asks for the answer only)."""
         start = time.perf_counter()
         chosen = get_strategy(strategy, options)
         chat = question if isinstance(question, Conversation) else Conversation(question)
@@ -250,7 +253,7 @@ class EdgeEngine:
 
         with self.cache.hold(m["pack_id"] for m in metas):
             event = yield from self._run(target, metas, question, chosen.block_granular, job,
-                                         below)
+                                         below, instruction)
         if keep:
             self.keep_turn(kept, event["answer"])
         yield AskResult(
@@ -294,14 +297,14 @@ class EdgeEngine:
         self.scheduler.when_idle(lambda rt: self.sessions.kv(rt, ids))
 
     def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
-             below: list[dict]):
+             below: list[dict], instruction: str = INSTRUCTION):
         """Yield the answer's pieces; return its costs dict. Damage found in a pack while the
         answer decodes its rows (block-granular strategies decode them in the scheduler,
         before the first token) drops that pack; with a fetcher, and no text sent yet, the
         pack is fetched again and the answer run once more."""
         for retry in (False, True):
             segments, sourced = self._segments(target, metas, granular, choose=True)
-            composed = self.compose(segments, question)
+            composed = self.compose(segments, question, instruction)
             self._offer(target, sourced.computed + below)  # a computed segment's pack too
             sent = False
             try:
