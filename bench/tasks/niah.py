@@ -17,7 +17,7 @@ from .item import Item, Question, single_context
 from .length import TokenCounter, estimate_tokens, fill, fit_length
 from .values import Uniques, make_rng
 
-HAYSTACKS = ("noise", "prose", "needles")
+HAYSTACKS = ("noise", "prose", "essays", "needles")
 VALUE_KINDS = ("number", "string")
 FAMILY = "niah"
 
