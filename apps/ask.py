@@ -14,8 +14,8 @@ from kvedge.common.net.tls import ca_option
 @click.option("--strategy", default="", help="reuse strategy [default: the edge's]; "
               "`kvedge strategies` lists them with their options")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE",
-              help="an option of the strategy (repeatable), e.g. --opt k=8 (epic, the edge's "
-              "default) or --strategy a3 --opt ratio=0.3; `kvedge strategies` lists each one's")
+              help="an option of the strategy (repeatable), e.g. --opt tokens=8 (legolink, the "
+              "edge's default) or --strategy a3 --opt ratio=0.3; `kvedge strategies` lists each one's")
 @click.option("--top-k", default=0, help="segments to retrieve [default: the edge's]")
 @click.option("--max-new-tokens", default=0)
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy; > 0 samples")

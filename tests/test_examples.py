@@ -456,7 +456,7 @@ def test_examples_are_found_and_not_run_stays_short():
 
 
 def test_a_wrong_strategy_option_is_caught():
-    """What the issue found: `--opt ratio=0.3` beside the default strategy (epic takes k)."""
+    """What the issue found: `--opt ratio=0.3` beside the default strategy (legolink takes tokens)."""
     from kvedge.common.errors import InvalidOption
 
     words, cmd, rest = resolve(["kvctl", "ask", "--opt", "ratio=0.3"])

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kvedge.edge import DEFAULT_STRATEGY
+
 from test_openai_api import client, cloud, edge  # noqa: F401 - the module's daemons
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -51,7 +53,7 @@ def test_the_page_streams_an_answer_with_its_stats_and_keeps_the_conversation(
     page.wait_for_selector("[data-testid=stats]", timeout=60_000)
     answer = page.inner_text(".assistant").split("\n")[0]
     stats = page.inner_text("[data-testid=stats]")
-    assert "epic" in stats and "TTFT" in stats and "segments:" in stats and "fp16" in stats
+    assert DEFAULT_STRATEGY in stats and "TTFT" in stats and "segments:" in stats and "fp16" in stats
     assert ".md" in stats or ".txt" in stats  # the retrieved segments' files
     same = client(edge).chat.completions.create(  # the API's answer to the same conversation
         model="default/reg", messages=[{"role": "user", "content": "What is the alpha code?"}])
