@@ -1,6 +1,10 @@
 """Ceiling rows kept across runs: a recompute (or full-KV) answer is deterministic, so a later
 run over the same questions reads it instead of paying for it again. Torch-free.
 
+The same store keeps an unfinished cell's rows item by item (`partial.jsonl`): a cell cut
+off (a session's end, a crash) resumes at its first unmeasured item, and its entries are
+discarded once the cell's row is written, so a cell measured again starts afresh.
+
 A run's output folder holds `ceilings.jsonl`, one line per item: {"key", "item", "rows"}. The
 key is a digest of everything the ceiling's answers depend on — the model's fingerprint, the
 item's documents and questions (text, references, instruction), the decode budget and how the
@@ -56,6 +60,27 @@ class CeilingStore:
             line = json.dumps({"key": key, "item": item_key, "rows": rows}) + "\n"
             f.write((b"\n" if torn else b"") + line.encode())
         self._rows[key] = rows
+
+    def discard(self, keys) -> None:
+        """Forget `keys`: the file is rewritten without them (to a temporary file, then
+        renamed, so a crash leaves the old file or the new one, never half of one)."""
+        keys = set(keys) & set(self._rows)
+        if not keys:
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line.strip()
+                and _entry_key(line) not in keys]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
+        for key in keys:
+            del self._rows[key]
+
+
+def _entry_key(line: str) -> str | None:
+    try:
+        return json.loads(line)["key"]
+    except (json.JSONDecodeError, KeyError):
+        return None
 
 
 def _last_byte(path: Path) -> bytes:

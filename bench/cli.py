@@ -292,7 +292,9 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
             **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
-    a later run into the same OUT pays only for the methods it adds."""
+    a later run into the same OUT pays only for the methods it adds; an unfinished cell's
+    answers are kept item by item in OUT/partial.jsonl, so a run stopped mid-cell resumes
+    there."""
     from tqdm import tqdm
 
     from kvedge.bench.report import write_report
@@ -305,7 +307,8 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   ceilings=out / "ceilings.jsonl", services=out / "services")
+                   ceilings=out / "ceilings.jsonl", partial=out / "partial.jsonl",
+                   services=out / "services")
     try:
         rows = run_grid(p, results, runner.run, codecs=codecs,
                         progress=lambda cells: tqdm(cells, desc="cells"))

@@ -68,6 +68,9 @@ def qa_tables(rows: list[dict]) -> list[str]:
         cached = max(r.get("ceiling_cached") or 0 for r in group)
         note = f"; {CEILING[suite]}'s answers of {cached} questions read from an earlier run" \
             if cached else ""
+        resumed = [f"{_label(r)} {r['resumed']}" for r in group if r.get("resumed")]
+        if resumed:  # timed in a process that stopped before the cell's end
+            note += f"; answers resumed from an unfinished run: {', '.join(resumed)}"
         if group[0].get("gold_retrieved") is not None:  # hotpot-kb: what retrieval gave it
             note += (f"; the top-{length} held {group[0]['gold_retrieved']:.2f} of the gold "
                      "paragraphs per question")

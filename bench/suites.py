@@ -83,6 +83,8 @@ class Bench:
     #                                     edge's BM25 against it, best last (EdgeEngine.retrieve)
     ceilings: Path | None = None        # a JSON-lines file keeping ceiling rows across runs
     #                                     (kvedge.bench.ceilings; None: this process only)
+    partial: Path | None = None         # one keeping an unfinished cell's rows item by item,
+    #                                     so a cell cut off resumes (None: not kept)
     services: Path | None = None        # hotpot-kb's gateway data and edge state, kept so a
     #                                     later run finds its KB ingested (None: temporary)
 
@@ -102,6 +104,7 @@ class Bench:
         self._scores: dict[tuple, tuple] = {}
         self._prefill_s: dict[str, float] = {}
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
+        self._partial = CeilingStore(self.partial) if self.partial else None
         self.kbs = KBs(self.services or Path(self._folder.name) / "services", self.model,
                        self.prefill.loaded, self.segment_tokens, self.anchored)  # hotpot-kb's
 
@@ -154,7 +157,29 @@ class Bench:
         if cell.suite == "evict":
             full = replace(cell, codec=REFERENCE_CODEC)
             row.update(against_full(row, [o for i in items for o in self._ceiling(i, full)]))
+        if self._partial is not None:  # the row is the cell's record from here on
+            self._partial.discard(self._partial_key(cell, i) for i in items)
         return row
+
+    def _by_item(self, cell: Cell, items: list[QAItem], measure) -> list[dict]:
+        """`measure(item)`'s rows for every item; with a partial store each item's rows are
+        kept as measured and read back (marked `resumed`, their timings from the process
+        that made them) when an earlier run of the cell stopped after them."""
+        out = []
+        for item in items:
+            key = self._partial_key(cell, item) if self._partial is not None else None
+            rows = self._partial.get(key) if key else None
+            if rows is None:
+                rows = measure(item)
+                if key:
+                    self._partial.put(key, item.key, rows)
+            else:
+                rows = [{**row, "resumed": True} for row in rows]
+            out.extend(rows)
+        return out
+
+    def _partial_key(self, cell: Cell, item: QAItem) -> str:
+        return ceiling_key(item, **self._prompt_settings(cell), cell=cell.key)
 
     def _items(self, cell: Cell) -> list[QAItem]:
         if cell.task == HOTPOT_KB:  # each question's documents: what the edge retrieves
@@ -170,14 +195,17 @@ class Bench:
             press = cell.method[len(KVPRESS):]
             return summarize(self._kvpress(items, press, cell.budget, cell.codec), ceilings)
         if cell.task == HOTPOT_KB:
-            return summarize(self._kb_answers(cell, items, cell.method, strategy_options(cell)),
-                             ceilings)
+            options = strategy_options(cell)
+            return summarize(self._by_item(
+                cell, items, lambda i: self._kb_answers(cell, [i], cell.method, options)),
+                ceilings)
         if cell.suite == "reuse":
             strategy = reuse_strategy(cell)
-            outcomes = [o for item in items for o in self._reuse(item, strategy, cell.codec)]
+            outcomes = self._by_item(cell, items,
+                                     lambda i: self._reuse(i, strategy, cell.codec))
         else:
-            outcomes = [o for item in items
-                        for o in self._evict(item, cell.method, cell.budget, cell.codec)]
+            outcomes = self._by_item(
+                cell, items, lambda i: self._evict(i, cell.method, cell.budget, cell.codec))
         return summarize(outcomes, ceilings)
 
     def _ceiling(self, item: QAItem, cell: Cell) -> list[dict]:
@@ -507,7 +535,8 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
     did not measure it, e.g. kvpress's timings per token); medians of the TTFT too; how many
     questions the cell answered that the ceiling missed (`gained`) and the reverse (`lost`),
     question by question (both lists hold the same items' questions in the same order); the
-    paired intervals; how many ceiling rows came from the store (`ceiling_cached`)."""
+    paired intervals; how many ceiling rows came from the store (`ceiling_cached`) and how
+    many of the cell's own from an earlier, unfinished run of it (`resumed`)."""
     out = {"questions": len(outcomes)}
     for key in METRICS:
         out[key] = _mean(outcomes, key)
@@ -527,6 +556,7 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
                            if o.get("new_tokens"))  # answers maybe cut short
     out["intervals"] = intervals(outcomes, ceilings)
     out["ceiling_cached"] = sum(bool(c.get("cached")) for c in ceilings)
+    out["resumed"] = sum(bool(o.get("resumed")) for o in outcomes)
     out["breakdown"] = breakdown(outcomes)
     out["per_question"] = [{k: o.get(k) for k in PER_QUESTION} for o in outcomes]
     out["answers"] = [r["answer"] for r in outcomes][:20]

@@ -221,3 +221,40 @@ def test_ruler_niah_runs_in_the_eviction_suite(fake_data, tmp_path):
     rows = {r["method"]: r for r in load(tmp_path / "results.jsonl")}
     assert rows["streamingllm"]["questions"] == 2 and "contain" in rows["streamingllm"]["intervals"]
     assert "### ruler-niah @ 128 tokens" in (tmp_path / "report.md").read_text()
+
+
+def test_a_cell_cut_off_resumes_at_its_first_unmeasured_item(fake_data, tmp_path, monkeypatch):
+    """A run stopped mid-cell (a session's end) keeps each item's answers in partial.jsonl;
+    the next run reads them back and measures only the rest, and the finished cell's entries
+    are discarded (measured again, a cell starts afresh)."""
+    from click.testing import CliRunner
+
+    from kvedge.bench import suites
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    args = ["run", "--suite", "reuse", "--tasks", "hotpot-fixed", "--lengths", "10",
+            "--items", "3", "--strategies", "recompute,epic", "--model", "tiny-llama",
+            "--max-new-tokens", "2", "--breakdown", "", "--out", str(tmp_path)]
+    reuse, calls = suites.Bench._reuse, []
+
+    def dies_on_the_third(self, item, strategy, codec):
+        if getattr(strategy, "name", "") == "epic":
+            calls.append(item.key)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the session ends
+        return reuse(self, item, strategy, codec)
+
+    monkeypatch.setattr(suites.Bench, "_reuse", dies_on_the_third)
+    first = CliRunner().invoke(bench, args)
+    assert first.exit_code != 0 and "Aborted" in first.output
+    assert not (tmp_path / "results.jsonl").exists() or \
+        "epic" not in (tmp_path / "results.jsonl").read_text()
+    assert len((tmp_path / "partial.jsonl").read_text().splitlines()) == 2  # epic's first two
+    monkeypatch.setattr(suites.Bench, "_reuse", reuse)
+    out = CliRunner().invoke(bench, args)
+    assert out.exit_code == 0, out.output
+    epic, = [r for r in load(tmp_path / "results.jsonl") if r["method"] == "epic"]
+    assert epic["questions"] == 3 and epic["resumed"] == 2
+    assert (tmp_path / "partial.jsonl").read_text() == ""
+    assert "answers resumed from an unfinished run: epic 2" in (tmp_path / "report.md").read_text()
