@@ -81,17 +81,19 @@ def edge(cloud, tmp_path_factory):
                      "--kb", f"default/reg@{VARIANT}", "--state", str(state),
                      "--model", MODEL, "--address", "127.0.0.1:0", "--http", "127.0.0.1:0",
                      "--max-new-tokens", "6", "--sync-interval", "1"], state)
-    upload_with_variant(cloud, tmp_path_factory.mktemp("kb"))
-    url = daemon.wait_for(r"OpenAI-compatible API on (\S+)")[1]
-    grpc_port = daemon.wait_for(r"edge listening on 127\.0\.0\.1:(\d+)")[1]
-    daemon.wait_for(rf"synced default/reg@{VARIANT}:")
-    daemon.wait_for(r"synced default/reg:")
-    token = (state / "edge.token").read_text().strip()
-    other = TokenStore(state / "tokens.json").issue("tenant-b", ["tenant-b"])
-    yield {"url": url, "token": token, "other": other, "daemon": daemon, "state": state,
-           "grpc": f"127.0.0.1:{grpc_port}", "variant": VARIANT}
-    if daemon.proc.poll() is None:
-        daemon.proc.kill()
+    try:  # the daemon is stopped however its setup ends
+        upload_with_variant(cloud, tmp_path_factory.mktemp("kb"))
+        url = daemon.wait_for(r"OpenAI-compatible API on (\S+)")[1]
+        grpc_port = daemon.wait_for(r"edge listening on 127\.0\.0\.1:(\d+)")[1]
+        daemon.wait_for(rf"synced default/reg@{VARIANT}:")
+        daemon.wait_for(r"synced default/reg:")
+        token = (state / "edge.token").read_text().strip()
+        other = TokenStore(state / "tokens.json").issue("tenant-b", ["tenant-b"])
+        yield {"url": url, "token": token, "other": other, "daemon": daemon, "state": state,
+               "grpc": f"127.0.0.1:{grpc_port}", "variant": VARIANT}
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
 
 
 def client(edge, token=None):
