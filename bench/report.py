@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
+from kvedge.bench import noninferiority
 from kvedge.bench.datasets import DATASETS
 from kvedge.bench.qa_report import qa_tables
 from kvedge.bench.runner import KVPRESS, LEGACY_CODEC, REFERENCE_CODEC
@@ -276,6 +277,7 @@ def tables(rows: list[dict]) -> str:
                 "Pooled over tasks:", "",
                 *summary_table(evict, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
+    out += noninferiority.table(rows)
     return "\n".join(out)
 
 

@@ -60,7 +60,7 @@ MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
 PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
-                "documents", "tokens", "new_tokens", "gold_retrieved", *QA_METRICS)
+                "documents", "tokens", "new_tokens", "gold_retrieved", "answer", *QA_METRICS)
 PAIRED = ("score", *QA_METRICS)  # per-question metrics given bootstrap intervals against the
 #                                  ceiling (kvedge.bench.bootstrap)
 

@@ -186,11 +186,18 @@ def test_squad_evict_asks_every_question_of_the_compressed_article(fake_data, tm
     out = CliRunner().invoke(bench, [
         "run", "--suite", "evict", "--tasks", "squad-evict", "--lengths", "64", "--items", "2",
         "--methods", "full,streamingllm", "--budgets", "0.5", "--model", "tiny-llama",
-        "--max-new-tokens", "2", "--out", str(tmp_path)])
+        "--codec", "fp16", "--codec", "int8+zstd", "--max-new-tokens", "2", "--out", str(tmp_path)])
     assert out.exit_code == 0, out.output
-    rows = {r["method"]: r for r in load(tmp_path / "results.jsonl")}
-    assert rows["streamingllm"]["questions"] == 2 and "f1" in rows["streamingllm"]["intervals"]
-    assert "### squad-evict @ 64 tokens" in (tmp_path / "report.md").read_text()
+    rows = {(r["method"], r["codec"]): r for r in load(tmp_path / "results.jsonl")}
+    lossy = rows[("streamingllm", "int8+zstd")]
+    assert lossy["questions"] == 2 and "f1" in lossy["intervals"]
+    assert all(q["answer"] is not None for q in lossy["per_question"])
+    report = (tmp_path / "report.md").read_text()
+    assert "### squad-evict @ 64 tokens" in report
+    # each codec beside fp16 on the same questions (kvedge.bench.noninferiority)
+    assert "## Codecs against fp16: paired non-inferiority on F1" in report
+    assert "| squad-evict | 64 | streamingllm @0.5 | int8+zstd |" in report
+    assert "too few questions" in report
 
 
 def test_ruler_niah_hides_one_needle_in_the_essays(fake_data):
