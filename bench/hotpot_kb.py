@@ -31,7 +31,8 @@ NAMESPACE = "bench"
 
 class Services:
     """A gateway in this process and an edge state that syncs from it, both under `root`
-    (kept across runs): `publish` a KB, then `ask` it as `kvedge serve` would."""
+    (kept across runs): `publish` a KB, then ask it through `engine` as `kvedge serve`
+    would."""
 
     def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool):
         from kvedge.cloud.gateway import GatewayConfig, serve_local
