@@ -75,7 +75,8 @@ def verdicts(rows: list[dict]) -> list[CodecVerdict]:
     """One verdict per cell that has an fp16 sibling and per-question F1 on both sides."""
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
-        groups[tuple(r.get(k) for k in SIBLING)][_codec(r)] = r
+        if r.get("per_question"):  # rows without per-question scores cannot be paired
+            groups[tuple(r.get(k) for k in SIBLING)][_codec(r)] = r
     out = []
     for cells in groups.values():
         ref = cells.get(REFERENCE_CODEC)

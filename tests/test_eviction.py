@@ -160,3 +160,44 @@ def test_bad_method_requests_are_named():
         get_method("psychic", 0.2)
     with pytest.raises(InvalidRequest, match="budget"):
         get_method("kvzip", 0.0)
+
+
+def test_kvzip_reconstructs_chunk_by_chunk_in_its_own_words():
+    """KVzip's `self_task`: chunk 0 asks to repeat the context, chunk i to repeat the part
+    starting with chunk i−1's last tokens; then the assistant header and the chunk itself."""
+    from kvedge.cloud.eviction.kvzip import REPEAT, REPEAT_PART, reconstruction_prompts
+
+    rt = tiny_runtime("tiny-llama")
+    tok = rt.loaded.tokenizer
+    ids = list(range(10, 50))
+    prompts = reconstruction_prompts(tok, ids, chunk=16, seed_tokens=4)
+    assert [span for _, span in prompts] == [(0, 16), (16, 32), (32, 40)]
+    ask = tok(REPEAT, add_special_tokens=False)["input_ids"]
+    part = tok(REPEAT_PART, add_special_tokens=False)["input_ids"]
+    first, second = prompts[0][0], prompts[1][0]
+    assert first[:len(ask)] == ask and first[-16:] == ids[:16]
+    assert second[:len(part) + 4] == part + ids[12:16] and second[-16:] == ids[16:32]
+    header = first[len(ask):-16]
+    assert header and second[len(part) + 4:-16] == header  # the same assistant header
+
+
+def test_a_chunks_probe_is_normalized_over_the_sink_its_chunk_and_itself():
+    """KVzip's `_get_score`: the softmax runs over the sink, the chunk's keys and the probe's
+    own; keys of other chunks neither vote nor take attention."""
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, n=40, seed=5)
+    probe = list(range(100, 120))
+    scores = scoring.probe_scores(rt, scoring.context_cache(rt, ctx), 40, probe,
+                                  span=(16, 32), sink=4)
+    joint = rt.prefill(torch.tensor(ctx.token_ids + probe), want_queries=True)
+    pos = torch.arange(60)
+    q = rt.realign(joint.queries[0], pos).view(rt.n_kv, rt.group, 60, -1)
+    k = rt.realign(joint.keys[0], pos)
+    seen = (pos < 4) | ((pos >= 16) & (pos < 32)) | (pos >= 40)
+    att = torch.einsum("hgqd,hkd->hgqk", q, k) * rt.scale
+    hidden = (pos[None, :] > pos[:, None]) | ~seen[None, :]
+    att = att.masked_fill(hidden, float("-inf")).softmax(-1)
+    direct = att[:, :, 40:, :40].amax(dim=(1, 2))
+    assert torch.allclose(scores[0], direct, atol=1e-5)
+    assert scores[0][:, 4:16].abs().sum() == 0 and scores[0][:, 32:].abs().sum() == 0
+    assert (scores[0][:, 16:32] > 0).all()

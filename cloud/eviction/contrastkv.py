@@ -1,7 +1,9 @@
 """`contrastkv`: ContrastKV ("ContrastKV: Robust KV Cache Eviction via Contrastive Signal Fusion
 for Multi-Query Generalization", Sec. 4).
 
-1. Signals (Sec. 4.1): positive = the context's reconstruction, as KVzip (t_pos = n);
+1. Signals (Sec. 4.1): positive = the context's reconstruction, as KVzip (t_pos = n; its
+   wording, and chunk by chunk past `chunk` tokens, each chunk normalized over its own keys
+   as KVzip's code does: `kvedge.cloud.eviction.kvzip`);
    negative = a maximum-entropy noise sequence of t_neg tokens drawn uniformly from the
    vocabulary (seeded), which highlights tokens that draw attention whatever the content.
 2. Scoring (Sec. 4.2, Eq. 8): for both, per layer and KV head, a token's score is the maximum
@@ -72,7 +74,8 @@ class ContrastKV(EvictionMethod):
 
     def score(self, rt, ctx):
         cache = context_cache(rt, ctx)  # both signals probe it: each probe truncates it back
-        positive = positive_scores(rt, cache, ctx, self.chunk, self.seed_tokens)
+        positive = positive_scores(rt, cache, ctx, self.chunk, self.seed_tokens,
+                                   max(self.sinks, self.protect))
         noise = noise_sequence(rt.config.vocab_size, self.t_neg, self.seed)
         negative = probe_scores(rt, cache, ctx.n_tokens, noise)
         return [fuse(p, n, self.beta, self.gamma) for p, n in zip(positive, negative)]

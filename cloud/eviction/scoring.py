@@ -26,16 +26,24 @@ def context_cache(rt, ctx):
 
 
 def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str = "max",
-                 window: int | None = None) -> list[torch.Tensor]:
+                 window: int | None = None, span: tuple[int, int] | None = None,
+                 sink: int = 0) -> list[torch.Tensor]:
     """Run probe_ids after the context; per layer (Hkv, n_context) scores.
 
     reduce: "max" over (group, probe positions) — Eq. 8; "sum" — SnapKV's vote.
     window: only the probe's last `window` queries vote (SnapKV's observation window).
+    span: the context tokens [start, end) whose keys, with the first `sink` tokens and the
+    probe's own, make up the softmax (KVzip's chunked scoring); the rest score 0. None: all.
     """
     last = cache.extent.end - 1
     context = cache[0].heads()[0].positions[:n_context].cpu()  # dense: every head alike
     scores = [torch.zeros(rt.n_kv, n_context) for _ in range(rt.n_layers)]
     first_voter = len(probe_ids) - window if window else 0
+    seen = None
+    if span is not None:
+        seen = torch.zeros(last + 1, dtype=torch.bool)
+        seen[context[:sink]] = True
+        seen[context[span[0]:span[1]]] = True
 
     def observe(layer, q, q_pos, cache_layer):
         for start in range(0, q.shape[2], QUERY_CHUNK):
@@ -46,7 +54,7 @@ def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str
 
     def vote(layer, q, q_pos, cache_layer):
         got = key_votes(q, q_pos, cache_layer, rt.scale, rt.layers[layer].window, last + 1,
-                        reduce)[:, context]
+                        reduce, seen)[:, context]
         mine = scores[layer]
         if reduce == "max":
             mine.copy_(torch.maximum(mine, got))

@@ -109,18 +109,24 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos
 
 
 def key_votes(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float, window: int | None,
-              n_positions: int, reduce: str = "sum") -> torch.Tensor:
+              n_positions: int, reduce: str = "sum",
+              seen: torch.Tensor | None = None) -> torch.Tensor:
     """Attention each cached key gets from the queries q (Hkv, G, Nq, D) rotated at q_pos,
     per KV head, reduced over its grouped query heads and the queries: "sum" (SnapKV's vote)
     or "max" (KVzip Eq. 8). Returns (Hkv, n_positions) indexed by position, 0 where a head
     holds nothing; the softmax runs over every key a query sees, keys at positions ≥
-    n_positions (e.g. a probe's own) are then left out. `layer` is a cache layer (`heads()`).
-    """
+    n_positions (e.g. a probe's own) are then left out. `seen` (bool, indexed by position <
+    n_positions) narrows the keys below n_positions that enter the softmax (KVzip scores a
+    long context chunk by chunk, each over its own keys); unseen ones vote 0. `layer` is a
+    cache layer (`heads()`)."""
     votes = torch.zeros(q.shape[0], n_positions)
     for group in layer.heads():
-        pos = group.positions.cpu()
+        pos, keys, k_pos = group.positions.cpu(), group.keys, group.positions
+        if seen is not None:
+            keep = (pos >= n_positions) | seen[pos.clamp(max=n_positions - 1)]
+            pos, keys, k_pos = pos[keep], keys[:, keep.to(keys.device)], k_pos[keep.to(k_pos.device)]
         inside = int(torch.searchsorted(pos, torch.tensor(n_positions)))  # positions sorted
-        probs = attention_probs(q[group.kv_heads], group.keys, q_pos, group.positions, scale,
+        probs = attention_probs(q[group.kv_heads], keys, q_pos, k_pos, scale,
                                 window)[..., :inside]  # (h, G, Nq, inside)
         got = probs.sum(dim=(1, 2)) if reduce == "sum" else probs.amax(dim=(1, 2))
         votes[group.kv_heads][:, pos[:inside]] = got.cpu()
