@@ -11,7 +11,7 @@ from kvedge.kernels.quant import QuantizedTensor, pack_codes, quantize, unpack_c
 # relative L2 error bound per base codec on Gaussian data (per-token worst case)
 BOUNDS = {"fp32": 1e-7, "fp16": 1e-3, "bf16": 1e-2, "int8": 0.02, "int4": 0.2, "int3": 0.4,
           "int2": 0.9,
-          "cachegen": 0.9, "kvtc": 0.3}  # kvtc unbound: each head fitted on its own rows
+          "cachegen": 0.9, "kvtc": 0.3, "kivi": 0.9}  # kvtc unbound: each head fitted on its own rows
 
 
 def kv_like(n: int, dim: int = 64, seed: int = 0) -> torch.Tensor:
@@ -199,3 +199,22 @@ def test_allocate_layer_bits_spends_the_budget_on_sensitive_layers():
     assert allocate_layer_bits([1.0] * 4, sizes, 800) == (4, 4, 4, 4)
     with pytest.raises(ValueError, match="even 2 bits"):
         allocate_layer_bits([1.0] * 4, sizes, 399)
+
+
+def test_kivi_gives_keys_and_values_their_own_widths():
+    from kvedge.common.pack.errors import InvalidCodecOption
+
+    x = kv_like(128)
+    codec = get_codec("kivi:key_bits=8,value_bits=2")
+    k_parts, k_params = codec.encode(x, Role("key"))
+    v_parts, v_params = codec.encode(x, Role("value"))
+    assert (k_params["bits"], v_params["bits"]) == (8, 2)
+    assert k_params["per_channel"] and not v_params["per_channel"]
+    for kind, (parts, params) in (("key", (k_parts, k_params)), ("value", (v_parts, v_params))):
+        same = get_codec(f"int{params['bits']}").encode(x, Role(kind))
+        assert all(torch.equal(parts[p], same[0][p]) for p in parts)  # KIVI's own layout
+        assert torch.equal(get_codec("kivi").decode(parts, params),  # params name the width
+                           get_codec(f"int{params['bits']}").decode(*same))
+    assert rel(codec.decode(k_parts, k_params), x) < rel(codec.decode(v_parts, v_params), x)
+    with pytest.raises((InvalidCodecOption, ValueError)):
+        get_codec("kivi:key_bits=5")
