@@ -94,12 +94,13 @@ def _encode_heads(ctx: KVContext, codec: Codec) -> dict:
     return encoded
 
 
-_SIDE = (("block_summaries", "summary"), ("query_cache", "qcache"))
+# the side tensors a context may carry: KVContext field → payload name prefix
+SIDE = (("block_summaries", "summary"), ("query_cache", "qcache"))
 
 
 def _encode_side(ctx: KVContext, codec: Codec) -> dict:
     return {f"{prefix}.{layer}": (codec, *codec.encode(t))
-            for key, prefix in _SIDE if getattr(ctx, key) is not None
+            for key, prefix in SIDE if getattr(ctx, key) is not None
             for layer, t in enumerate(getattr(ctx, key))}
 
 
@@ -143,11 +144,7 @@ class Pack:
         return pack_id(self.data)
 
     def check_model(self, model_fingerprint: str | None) -> None:
-        if model_fingerprint is not None and model_fingerprint != self.manifest.model_fingerprint:
-            raise ModelMismatch(
-                f"pack was made by model {self.manifest.model_fingerprint[:16]}…, this model is "
-                f"{model_fingerprint[:16]}…: load the model it was made for or re-encode the "
-                "context with this one")
+        check_model(self.manifest, model_fingerprint)
 
     def pieces(self, name: str, rows: torch.Tensor | None = None) -> list[Piece]:
         """A tensor's rows as dense or still-quantized pieces (for the fused kernel); only
@@ -161,22 +158,8 @@ class Pack:
         return self._decode(name, lambda codec, parts, params: codec.decode(parts, params))
 
     def _decode(self, name: str, how):
-        entry = self.manifest.tensors[name]
-        codec = self._codec(entry.codec)
-        parts = {p: _to_torch(raw) for p, raw in self.container.tensor_parts(name)}
-        with _decoding(name):
-            self._check_params(name, entry)
-            return how(codec, parts, entry.params)
-
-    def _codec(self, spec: str) -> Codec:
-        if spec not in self._codecs:
-            self._codecs[spec] = get_codec(spec)
-        return self._codecs[spec]
-
-    def _check_params(self, name: str, entry: TensorEntry) -> None:
-        if list(entry.params.get("shape", ())) != list(self.manifest.expected_shape(name)):
-            raise ValueError(f"params shape {entry.params.get('shape')} is not "
-                             f"{list(self.manifest.expected_shape(name))}")
+        return decode_parts(self.manifest, name, self.container.tensor_parts(name),
+                            cached_codec(self._codecs, self.manifest.tensors[name].codec), how)
 
     def context(self) -> KVContext:
         """Decode everything (each tensor verified), then the bytes no tensor owns."""
@@ -184,13 +167,54 @@ class Pack:
         heads = {kind: [[self.tensor(kv_name(kind, layer, head)) for head in range(m.n_kv_heads)]
                         for layer in range(m.n_layers)] for kind in ("k", "v")}
         side = {key: [self.tensor(f"{prefix}.{layer}") for layer in range(m.n_layers)]
-                for key, prefix in _SIDE if key in m.side}
+                for key, prefix in SIDE if key in m.side}
         self.container.verify_payload()
-        kept = [[torch.tensor(h, dtype=torch.long) for h in layer] for layer in m.kept]
-        return KVContext(m.model_fingerprint, m.tokenizer_id, m.token_ids, m.positions,
-                         heads["k"], heads["v"], kept, m.segments, m.namespace,
-                         m.side.get("block_summaries", {}).get("block_size", 64),
-                         side.get("block_summaries"), side.get("query_cache"), list(m.anchor))
+        return build_context(m, heads["k"], heads["v"], side)
+
+
+def check_model(manifest: Manifest, model_fingerprint: str | None) -> None:
+    """ModelMismatch unless the pack belongs to `model_fingerprint` (None: any model)."""
+    if model_fingerprint is not None and model_fingerprint != manifest.model_fingerprint:
+        raise ModelMismatch(
+            f"pack was made by model {manifest.model_fingerprint[:16]}…, this model is "
+            f"{model_fingerprint[:16]}…: load the model it was made for or re-encode the "
+            "context with this one")
+
+
+def cached_codec(codecs: dict[str, Codec], spec: str) -> Codec:
+    """The codec of `spec` from `codecs` (spec → codec), built on first use."""
+    if spec not in codecs:
+        codecs[spec] = get_codec(spec)
+    return codecs[spec]
+
+
+def decode_parts(manifest: Manifest, name: str, verified: list[tuple[str, RawPart]],
+                 codec: Codec, how=None):
+    """One tensor from its parts (already checked against its checksum): `how(codec,
+    parts, params)`, by default the whole tensor decoded. Whatever fails on parts that
+    passed their checksum is PackCorrupt naming the tensor."""
+    entry = manifest.tensors[name]
+    parts = {p: _to_torch(raw) for p, raw in verified}
+    how = how or (lambda codec, parts, params: codec.decode(parts, params))
+    with _decoding(name):
+        _check_params(manifest, name, entry)
+        return how(codec, parts, entry.params)
+
+
+def _check_params(manifest: Manifest, name: str, entry: TensorEntry) -> None:
+    if list(entry.params.get("shape", ())) != list(manifest.expected_shape(name)):
+        raise ValueError(f"params shape {entry.params.get('shape')} is not "
+                         f"{list(manifest.expected_shape(name))}")
+
+
+def build_context(m: Manifest, keys: list, values: list, side: dict) -> KVContext:
+    """The KVContext of a pack whose tensors are decoded: keys/values [layer][head], `side`
+    {"block_summaries" / "query_cache": [per layer]} for those the manifest lists."""
+    kept = [[torch.tensor(h, dtype=torch.long) for h in layer] for layer in m.kept]
+    return KVContext(m.model_fingerprint, m.tokenizer_id, m.token_ids, m.positions,
+                     keys, values, kept, m.segments, m.namespace,
+                     m.side.get("block_summaries", {}).get("block_size", 64),
+                     side.get("block_summaries"), side.get("query_cache"), list(m.anchor))
 
 
 @contextmanager
