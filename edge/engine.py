@@ -100,16 +100,20 @@ class EdgeEngine:
     `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k.
     With `fetch_or_compute` (and a fetcher) an ask prefills a missing segment on the edge
     where that is sooner than fetching its pack, by the fetcher's link meter and the edge's
-    prefill meter (calibrated when the scheduler is first idle)."""
+    prefill meter (calibrated when the scheduler is first idle). With `stream` (the
+    default) a pack fetched for a decoded read is decoded layer by layer while its bytes
+    arrive (`Fetcher.fetch(decode=True)`), not read from disk after (fetch-then-load)."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
-                 spec_rows: int | None = None, fetch_or_compute: bool = False):
+                 spec_rows: int | None = None, fetch_or_compute: bool = False,
+                 stream: bool = True):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.fetcher, self.prefetcher = fetcher, prefetcher
+        self.stream = stream  # a missing pack decoded while it arrives (False: after)
         self.rt = Runtime(loaded)
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
@@ -368,8 +372,11 @@ class EdgeEngine:
         local = self._computed(target, missing) if choose else {}
         fetch = [m for m in missing if m["pack_id"] not in local]
         read = self.cache.segment if granular else self.cache.load
+        decode = self.stream and not granular  # an opened pack decodes only rows it keeps
+        if self.stream and self.fetcher is not None and len(fetch) > 1:  # joined by _read
+            self.fetcher.fetch_in_order(target.namespace, [m["pack_id"] for m in fetch], decode)
         segments = [local[m["pack_id"]] if m["pack_id"] in local
-                    else self._read(target, m, read, fetch) for m in metas]
+                    else self._read(target, m, read, fetch, decode) for m in metas]
         return segments, Sourced(fetch, [m for m in missing if m["pack_id"] in local])
 
     def _computed(self, target: Target, missing: list[dict]) -> dict:
@@ -382,20 +389,22 @@ class EdgeEngine:
         return {c.meta["pack_id"]: self.local.segment(target.namespace, c.meta)
                 for c in choices if c.compute}
 
-    def _read(self, target: Target, meta: dict, read, missing: list[dict]):
-        """`read(pack id)`, the pack fetched first if missing; one found damaged (in transfer,
-        or on disk: the cache deleted it) or gone is fetched again, HEAL_ATTEMPTS times at
-        most, when there is a fetcher."""
+    def _read(self, target: Target, meta: dict, read, missing: list[dict],
+              decode: bool = False):
+        """`read(pack id)`, the pack fetched first if missing (`decode`: decoded as it
+        arrives); one found damaged (in transfer, or on disk: the cache deleted it) or gone
+        is fetched again, HEAL_ATTEMPTS times at most, when there is a fetcher."""
         for attempt in range(HEAL_ATTEMPTS + 1):
             try:
-                self._fetch(target, meta, missing)
+                self._fetch(target, meta, missing, decode)
                 return read(meta["pack_id"])
             except PackCorrupt as err:
                 if self.fetcher is None or attempt == HEAL_ATTEMPTS:
                     raise
                 log.warning("%s: %s: %s; fetching it again", target.key, _named([meta]), err)
 
-    def _fetch(self, target: Target, meta: dict, missing: list[dict]) -> None:
+    def _fetch(self, target: Target, meta: dict, missing: list[dict],
+               decode: bool = False) -> None:
         """Fetch the segment's pack if the cache lacks it (nothing without a fetcher: reading
         it then fails as PackCorrupt, "the cached file is gone"). A fetch failing for any
         reason but the pack's own (damaged bytes, another model) is PackUnavailable, naming
@@ -403,7 +412,7 @@ class EdgeEngine:
         if self.fetcher is None:
             return
         try:
-            self.fetcher.fetch(target.namespace, meta["pack_id"])
+            self.fetcher.fetch(target.namespace, meta["pack_id"], decode)
         except (PackError, ModelMismatch):
             raise
         except Exception as err:  # noqa: BLE001 - the cloud down, refusing, stopping

@@ -13,10 +13,14 @@ what `edge.fetch_or_compute` predicts a fetch by).
 """
 from __future__ import annotations
 
+import queue
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kvedge.common.pack.container import HEADER_SIZE, read_header, read_manifest
+from kvedge.common.pack.errors import ModelMismatch, PackError
 from kvedge.common.pack.manifest import Manifest
 from kvedge.edge.meters import LinkMeter
 
@@ -33,11 +37,43 @@ class FetchStopped(Exception):
 
 @dataclass
 class _Flight:
-    """One transfer in progress; waiters block on `done` and then see its `error`."""
+    """One transfer in progress; waiters block on `done` and then see its `error`.
+    `received`: its last byte is in (or it failed), verification and decoding may remain."""
 
     done: threading.Event = field(default_factory=threading.Event)
+    received: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     callers: int = 1  # the leader and its waiters
+
+
+class _Decoding:
+    """A transfer's pack decoded while it arrives (`common.pack.stream.PackStream`), the
+    bytes a broken transfer left read first. Damage it finds drops the unfinished file:
+    resuming it would only repeat the damage."""
+
+    def __init__(self, cache, pack_id: str, held: int):
+        from kvedge.common.pack.stream import PackStream  # torch: only where packs decode
+
+        self.cache, self.pack_id = cache, pack_id
+        self.stream = PackStream(cache.fingerprint, pack_id)
+        if held:
+            self.feed(cache.partial(pack_id)[:held])
+
+    def feed(self, data: bytes) -> None:
+        with self._dropping():
+            self.stream.feed(data)
+
+    def finish(self):
+        with self._dropping():
+            return self.stream.finish()
+
+    @contextmanager
+    def _dropping(self):
+        try:
+            yield
+        except (PackError, ModelMismatch):
+            self.cache.discard(self.pack_id)
+            raise
 
 
 class Fetcher:
@@ -56,34 +92,77 @@ class Fetcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
-    def fetch(self, namespace: str, pack_id: str) -> bool:
+    def fetch(self, namespace: str, pack_id: str, decode: bool = False) -> bool:
         """Make `pack_id` cached: transfer it, or wait for the transfer already under way.
-        True if this call transferred it; raises the transfer's error (a waiter too)."""
+        True if this call transferred it; raises the transfer's error (a waiter too). With
+        `decode`, a transfer this call starts decodes the pack layer by layer while its bytes
+        arrive (`common.pack.stream`) and leaves the context decoded in the cache's memory
+        (`PackCache.keep`), so the read that follows decodes nothing."""
+        return self._fetch(namespace, pack_id, decode)
+
+    def _fetch(self, namespace: str, pack_id: str, decode: bool,
+               joined: Callable[[_Flight | None], None] = lambda flight: None) -> bool:
+        """`fetch`; `joined` is told the transfer this call leads or waits on (None: the
+        pack is cached)."""
         with self._lock:
-            if self.cache.has(pack_id):
-                return False
-            flight = self._flights.get(pack_id)
-            leading = flight is None
+            cached = self.cache.has(pack_id)
+            flight = None if cached else self._flights.get(pack_id)
+            leading = flight is None and not cached
             if leading:
                 flight = self._flights[pack_id] = _Flight()
                 self.transfers += 1
-            else:
+            elif flight is not None:
                 flight.callers += 1
+        joined(flight)
+        if flight is None:
+            return False
         if not leading:
             flight.done.wait()
             if flight.error is not None:
                 raise flight.error
             return False
         try:
-            self._transfer(namespace, pack_id)
+            self._transfer(namespace, pack_id, decode, flight.received)
         except BaseException as err:
             flight.error = err
             raise
         finally:
             with self._lock:
                 del self._flights[pack_id]
+            flight.received.set()
             flight.done.set()
         return True
+
+    def fetch_in_order(self, namespace: str, pack_ids: list[str], decode: bool = False) -> None:
+        """Start fetching these packs, in the background and one after another: each
+        transfer starts once the one before it has all its bytes, so the link carries the
+        next pack while the last one is verified, decoded and committed. A caller then
+        `fetch`es each (joining its transfer, or finding it cached) and sees its outcome
+        there; one transfer at a time keeps each measurable by the link meter."""
+        if pack_ids:
+            threading.Thread(target=self._in_order, args=(namespace, list(pack_ids), decode),
+                             daemon=True, name="kvedge-fetch-in-order").start()
+
+    def _in_order(self, namespace: str, pack_ids: list[str], decode: bool) -> None:
+        for pack_id in pack_ids:
+            if self._stop.is_set():
+                return
+            flights: queue.Queue = queue.Queue(1)
+            threading.Thread(target=self._quietly, args=(namespace, pack_id, decode, flights.put),
+                             daemon=True).start()
+            flight = flights.get()
+            if flight is not None:
+                flight.received.wait()
+
+    def _quietly(self, namespace: str, pack_id: str, decode: bool, joined) -> None:
+        """A transfer started ahead: its error reaches whoever fetches the pack (a waiter
+        gets it; one arriving after it ended tries again)."""
+        told = []
+        try:
+            self._fetch(namespace, pack_id, decode, lambda flight: told.append(joined(flight)))
+        except Exception:  # noqa: BLE001 - reported to the fetch that needs the pack
+            if not told:  # failed before it joined a transfer: the next one may start
+                joined(None)
 
     def busy(self) -> bool:
         """A transfer is under way (prefetch waits for the link to be idle)."""
@@ -96,15 +175,24 @@ class Fetcher:
             flight = self._flights.get(pack_id)
             return 0 if flight is None else flight.callers
 
-    def _transfer(self, namespace: str, pack_id: str) -> None:
+    def _transfer(self, namespace: str, pack_id: str, decode: bool,
+                  received: threading.Event) -> None:
         """Resume from what the cache holds of it, verify, commit, keep the cache in budget
-        (the caller holds the packs it is about to read: `PackCache.hold`)."""
+        (the caller holds the packs it is about to read: `PackCache.hold`); `decode`: read
+        it as it arrives. `received` is set once the last byte is in."""
         offset = self.cache.held(pack_id)
+        stream = _Decoding(self.cache, pack_id, offset) if decode else None
         for chunk in self._timed(self.client.fetch_pack(namespace, pack_id, offset)):
             self.cache.append(pack_id, chunk.offset, chunk.data)
+            if stream is not None:
+                stream.feed(chunk.data)
             if self._stop.is_set():  # stopping: keep what arrived, resume it next start
                 raise FetchStopped(f"stopped while fetching {pack_id[:16]}…")
+        received.set()
+        ctx = stream.finish() if stream is not None else None
         self.cache.commit(pack_id)
+        if ctx is not None:
+            self.cache.keep(pack_id, ctx)
         with self._lock:
             self.fetched_packs += 1
         self.cache.evict()

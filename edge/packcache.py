@@ -72,6 +72,16 @@ class PackCache:
     def append(self, pack_id: str, offset: int, data: bytes) -> None:
         self._part(pack_id).append(offset, data)
 
+    def partial(self, pack_id: str) -> bytes:
+        """The bytes an unfinished transfer holds (a streamed read resumes by reading them
+        first)."""
+        path = self.path(pack_id, partial=True)
+        return path.read_bytes() if path.exists() else b""
+
+    def discard(self, pack_id: str) -> None:
+        """Drop an unfinished transfer found damaged: it cannot be resumed into a good pack."""
+        self.path(pack_id, partial=True).unlink(missing_ok=True)
+
     def commit(self, pack_id: str) -> int:
         """Verify the finished transfer and move it into the cache; returns its size.
         A pack that fails verification is deleted and PackCorrupt/ModelMismatch raised."""
@@ -103,12 +113,17 @@ class PackCache:
             return ctx
         ctx = self._read(pack_id, read_pack)
         self._touch(pack_id)
+        self.keep(pack_id, ctx)
+        return ctx
+
+    def keep(self, pack_id: str, ctx) -> None:
+        """Hold a cached pack's decoded context in memory (`load` returns it): one decoded
+        while its bytes arrived (`Fetcher.fetch(decode=True)`) or read from disk."""
         with self._lock:
             self._decoded[pack_id] = ctx
             while len(self._decoded) > self.memory_entries:
                 self._decoded.popitem(last=False)
                 self.stats.memory_evictions += 1
-        return ctx
 
     def segment(self, pack_id: str):
         """For strategies that decode only the rows they keep (SamKV): the decoded context

@@ -105,3 +105,31 @@ def test_a_transfer_keeps_the_cache_in_budget_but_never_drops_a_held_pack(tmp_pa
     assert sum(cache.has(p) for p in (a, b)) == 1  # the hold ended: back within budget
     fetcher.fetch("default", c)
     assert cache.has(c) and not cache.has(a) and not cache.has(b)
+
+
+class TimedCloud(FakeCloud):
+    """Each whole-pack transfer takes `seconds` before its first chunk; when each started and
+    ended is recorded."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds, self.spans = seconds, []
+
+    def fetch_pack(self, namespace, pack_id, offset=0, length=0):
+        start = time.perf_counter()
+        time.sleep(self.seconds)
+        yield from super().fetch_pack(namespace, pack_id, offset, length)
+        self.spans.append((pack_id, start, time.perf_counter()))
+
+
+def test_fetch_in_order_runs_one_transfer_after_another_and_fetch_joins_them(tmp_path, packs):
+    cloud, cache = TimedCloud(0.2), PackCache(tmp_path, FP)
+    cloud.publish(KB, packs)
+    fetcher, ids = Fetcher(cloud, cache), [pack_id(p) for p in packs]
+    fetcher.fetch_in_order("default", ids, decode=True)
+    for pid in ids:  # joins the transfer under way (or leads it, if it comes first)
+        fetcher.fetch("default", pid, decode=True)
+    assert [pid for pid, *_ in cloud.spans] == ids and fetcher.transfers == 3
+    assert all(a[2] <= b[1] for a, b in zip(cloud.spans, cloud.spans[1:]))  # never two at once
+    assert all(cache.path(pid).read_bytes() == p for pid, p in zip(ids, packs))
+    assert cache.stats.misses == 0 and all(cache.load(pid) for pid in ids)  # decoded on arrival

@@ -22,13 +22,15 @@ from kvedge.common.model.models import load_model
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.net.edge_client import EdgeClient
 from kvedge.common.pack.container import HEADER_SIZE, read_header, read_manifest
-from kvedge.common.pack.errors import PackUnavailable
+from kvedge.common.pack import read_pack
+from kvedge.common.pack.errors import PackCorrupt, PackUnavailable
 from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.fetcher import Fetcher
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.prefetch import Prefetcher
 from kvedge.edge.server import serve as serve_edge
 from kvedge.edge.sync import Syncer, Target
+from test_pack_stream import assert_equal, layer_end
 
 MODEL = "tiny-llama"
 KB = Target("default", "towns")
@@ -313,3 +315,89 @@ def test_kvedge_serve_kb_is_on_demand_and_pin_is_whole(cloud, tmp_path):
     finally:
         lazy.kill()
         whole.kill()
+
+
+# ---------------------------------------------------------------------- layer-wise streaming
+
+
+class Chopped(Recording):
+    """Whole-pack transfers in `piece`-byte chunks (as a slow link hands them over); a
+    transfer breaks after byte `cut` (ConnectionError) or arrives with the byte at `flip`
+    damaged. `pulled`: the end of the last chunk handed over; `offsets`: where each whole
+    transfer started."""
+
+    def __init__(self, address, token, piece: int = 256):
+        super().__init__(address, token)
+        self.piece, self.cut, self.flip, self.pulled, self.offsets = piece, None, None, 0, []
+
+    def fetch_pack(self, namespace, pack_id, offset=0, length=0):
+        if length:
+            yield from super().fetch_pack(namespace, pack_id, offset, length)
+            return
+        self.offsets.append(offset)
+        for chunk in super().fetch_pack(namespace, pack_id, offset, length):
+            for start in range(0, len(chunk.data), self.piece):
+                yield from self._piece(chunk.offset + start,
+                                       bytearray(chunk.data[start:start + self.piece]))
+
+    def _piece(self, at: int, data: bytearray):
+        if self.cut is not None and at + len(data) > self.cut:
+            cut, self.cut = self.cut, None
+            yield SimpleNamespace(offset=at, data=bytes(data[:cut - at]))
+            raise ConnectionError("connection reset mid-layer")
+        if self.flip is not None and at <= self.flip < at + len(data):
+            data[self.flip - at] ^= 0x10
+            self.flip = None
+        self.pulled = at + len(data)
+        yield SimpleNamespace(offset=at, data=bytes(data))
+
+
+def whole_pack(cloud, pid: str) -> bytes:
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        return b"".join(ch.data for ch in c.fetch_pack("default", pid))
+
+
+def test_a_pack_decoded_while_it_arrives_equals_fetch_then_load(cloud, tmp_path):
+    """The edge's cold path (decoding each pack as it arrives) against fetch-then-load:
+    the same files, the same contexts bit for bit, the same answers."""
+    with edge(cloud, tmp_path / "streamed") as s, \
+            edge(cloud, tmp_path / "whole", stream=False) as w:
+        streamed, whole = s.ask(QUESTIONS[3]), w.ask(QUESTIONS[3])
+        assert (streamed.answer, list(streamed.segments)) == (whole.answer, list(whole.segments))
+        assert s.cache.stats.misses == 0 and w.cache.stats.misses == 2  # none read back
+        for pid in pack_of(s, QUESTIONS[3], 2):
+            assert s.cache.path(pid).read_bytes() == w.cache.path(pid).read_bytes()
+            assert_equal(s.cache.load(pid), read_pack(w.cache.path(pid)))
+
+
+def test_a_stream_cut_mid_layer_resumes_where_it_broke(cloud, tmp_path):
+    pid = cloud["info"].segments[0].pack_id
+    data, fp = whole_pack(cloud, pid), load_model(MODEL).fingerprint
+    cut = layer_end(data, 1) - 7  # inside layer 1's last value head
+    client = Chopped(cloud["address"], cloud["token"])
+    client.cut = cut
+    with pytest.raises(ConnectionError):
+        Fetcher(client, PackCache(tmp_path, fp)).fetch("default", pid, decode=True)
+    cache = PackCache(tmp_path, fp)  # the edge restarted: what arrived is on disk alone
+    assert cache.held(pid) == cut and not cache.has(pid)
+    assert Fetcher(client, cache).fetch("default", pid, decode=True)
+    assert client.offsets == [0, cut] and cache.path(pid).read_bytes() == data
+    assert_equal(cache.load(pid), read_pack(data))
+    assert cache.stats.misses == 0  # the context decoded while it arrived, not read back
+    client.close()
+
+
+def test_a_damaged_byte_in_layer_k_is_found_before_later_layers_arrive(cloud, tmp_path):
+    pid = cloud["info"].segments[0].pack_id
+    data, fp = whole_pack(cloud, pid), load_model(MODEL).fingerprint
+    client, cache = Chopped(cloud["address"], cloud["token"]), PackCache(tmp_path, fp)
+    end = layer_end(data, 1)
+    client.flip = end - 7
+    with pytest.raises(PackCorrupt, match="checksum mismatch") as err:
+        Fetcher(client, cache).fetch("default", pid, decode=True)
+    assert err.value.tensor.startswith("v.1.")  # the tensor it hit, in layer 1
+    assert client.pulled < end + client.piece < len(data)  # the stream stopped there
+    assert cache.held(pid) == 0 and not cache.has(pid)  # nothing kept to resume from
+    assert Fetcher(client, cache).fetch("default", pid, decode=True)
+    assert cache.path(pid).read_bytes() == data
+    client.close()
