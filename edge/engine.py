@@ -158,12 +158,24 @@ class EdgeEngine:
         line = f"\n{instruction.strip()}" if instruction.strip() else ""
         return self.tok(f"Question: {question.strip()}{line}{self.suffix}")["input_ids"]
 
+    def query_span(self, question: str, instruction: str = INSTRUCTION) -> tuple[int, int]:
+        """[start, end) of the question's own tokens within `question_ids` (without the
+        "Question:" label, the instruction and the assistant header)."""
+        line = f"\n{instruction.strip()}" if instruction.strip() else ""
+        start = len("Question: ")
+        end = start + len(question.strip())
+        enc = self.tok(f"Question: {question.strip()}{line}{self.suffix}",
+                       return_offsets_mapping=True)
+        inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > start and a < end]
+        return (inside[0], inside[-1] + 1) if inside else (0, len(enc["input_ids"]))
+
     def compose(self, segments: list, question: str, instruction: str = INSTRUCTION) -> Composed:
         """[chat prefix][segments in the given order][question + instruction + assistant
         header]. The benchmark passes each task's own instruction ("Answer with the number
         only."); the service uses INSTRUCTION."""
         return Composed(self.prefix_ids, self.prefix_keys, self.prefix_values, segments,
-                        self.question_ids(question, instruction))
+                        self.question_ids(question, instruction),
+                        query=self.query_span(question, instruction))
 
     def answer(self, composed: Composed, strategy, max_new_tokens: int, *,
                sampler: Sampler = GREEDY, stop: Sequence[str] = ()) -> Iterator[str | dict]:

@@ -298,3 +298,169 @@ def test_the_sparse_cache_is_dense_per_layer_and_answers_as_the_ragged_one(optio
     ragged, plan = answer_logits(rt, strategy, prompt(rt))
     assert any(isinstance(layer, RaggedKV) for layer in plan.cache)
     assert torch.allclose(dense, ragged, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- issue 30: the paper's rules
+
+def test_shared_normalization_cuts_a_document_whose_blocks_all_score_low():
+    """Sec. 3.2: one normalization across contexts. Document 1's blocks all score below
+    document 0's; per-document min–max would give its best block 1.0 and keep it."""
+    from kvedge.edge.strategies.samkv import Regions, SamKV, shared_minmax
+
+    assert shared_minmax([(2.0, 0, 1), (4.0, 0, 2), (-1.0, 1, 1), (0.0, 1, 2)]) == \
+        [(0.6, 0, 1), (1.0, 0, 2), (0.0, 1, 1), (0.2, 1, 2)]
+    fixed = torch.tensor([True, False, False, False, False, True])
+    docs = [Regions(0, 48, 8, fixed), Regions(48, 48, 8, fixed)]
+    high = torch.tensor([[0.0, 5.0, 6.0, 7.0, 8.0, 0.0]])   # (L=1, nb)
+    low = torch.tensor([[0.0, -4.0, -3.0, -2.0, -1.0, 0.0]])
+    kept = SamKV(p=1.0).select([high, low], docs, [0])
+    assert kept[0][0].all()                        # ⌈8 candidates / 2⌉ = 4: all of doc 0's
+    assert kept[1][0].tolist() == fixed.tolist()                          # none of doc 1
+
+
+def test_rope_scores_are_the_mean_attention_logit_of_the_composed_prompt():
+    """`rope=true`: s_b = ⟨Q_que, K̄_b⟩/√d is the mean over query heads, question tokens and
+    block b's tokens of the attention logit the model computes in the composed prompt (keys
+    rotated to their composed positions). Layer 0's queries depend on the token alone, so the
+    generic query's prefill and a full prefill agree there; the pre-RoPE means do not."""
+    from kvedge.edge.strategies.base import assemble_cache
+    from kvedge.edge.strategies.samkv import SamKV, block_scores
+
+    rt = tiny_runtime("tiny-qwen2")
+    composed = replace_query(prompt(rt, sizes=(40, 48), seed=8), (1, 4))
+    want = attention_logits_per_block(rt, composed, assemble_cache)
+    for rope in (True, False):
+        strategy = SamKV(rope=rope)
+        docs = strategy.regions_of(composed)
+        q_que = strategy.generic_query(rt, composed, docs, 4)
+        got = torch.cat([block_scores(q_que, strategy.summaries(rt, seg, d, composed.seq_len(4)),
+                                      rt.group, rt.scale)[0]
+                         for seg, d in zip(composed.segments, docs)])
+        assert torch.allclose(got, want, atol=1e-4) == rope
+
+
+def replace_query(composed, span):
+    from dataclasses import replace
+
+    return replace(composed, query=span)
+
+
+def attention_logits_per_block(rt, composed, assemble_cache):
+    """Layer 0: mean logit of the query-span tokens over each 8-token context block."""
+    cache = assemble_cache(rt, composed, reserve=len(composed.question_ids) + 4)
+    fresh, span = composed.fresh_positions(), composed.query_positions()
+    out = []
+
+    def observe(layer, q, q_pos, cache_layer):
+        if layer:
+            return
+        group, = cache_layer.heads()
+        logits = torch.einsum("hgnd,htd->hgnt", q[:, :, torch.isin(q_pos, span)].float(),
+                              group.keys.float()) * rt.scale
+        per_token = logits.mean((0, 1, 2))
+        for off, seg in zip(composed.offsets, composed.segments):
+            for b in range(0, seg.n_tokens, 8):
+                inside = (group.positions >= off + b) & (group.positions < off + b + 8)
+                out.append(per_token[inside].mean())
+
+    rt.forward(torch.tensor(composed.all_ids())[fresh], fresh, cache, observe=observe,
+               logits="none")
+    return torch.stack(out)
+
+
+def test_the_generic_query_pools_the_user_query_not_the_template():
+    """Sec. 3.1 pools "the Q Matrix of user queries": with `query=question` the tokens after
+    the query span (instruction, assistant header) do not move Q_que, a token inside it does;
+    `query=all` pools them all."""
+    from kvedge.edge.strategies.samkv import SamKV
+
+    rt = tiny_runtime("tiny-llama")
+    base = replace_query(prompt(rt, seed=9), (1, 4))
+    tail = replace_query(base, (1, 4))
+    tail.question_ids = base.question_ids[:4] + [(t + 7) % 250 for t in base.question_ids[4:]]
+    inside = replace_query(base, (1, 4))
+    inside.question_ids = base.question_ids[:2] + [(base.question_ids[2] + 7) % 250] + \
+        base.question_ids[3:]
+
+    def q_que(options, composed):
+        strategy = SamKV(**options)
+        return strategy.generic_query(rt, composed, strategy.regions_of(composed), 4)
+
+    question = q_que({}, base)
+    assert torch.allclose(q_que({}, tail), question, atol=1e-6)
+    assert not torch.allclose(q_que({}, inside), question, atol=1e-4)
+    assert not torch.allclose(q_que({"query": "all"}, tail), q_que({"query": "all"}, base),
+                              atol=1e-4)
+
+
+def test_selection_follows_the_question_when_query_vectors_are_swapped():
+    """Issue 30's swap diagnostic on a tiny model: over the same documents, question B's
+    generic query selects other blocks than question A's, and the same blocks whichever
+    prompt (A's or B's) it is applied to — the selection depends on the query, nothing else."""
+    from kvedge.edge.strategies.samkv import SamKV
+
+    rt = tiny_runtime("tiny-qwen2")
+    a = prompt(rt, sizes=(96, 96, 96), seed=10)
+    b = replace_query(a, None)
+    b.question_ids = torch.randint(0, 250, (6,), generator=torch.Generator().manual_seed(1)
+                                   ).tolist()
+    strategy = SamKV(p=0.3)
+    q_a = strategy.generic_query(rt, a, strategy.regions_of(a), 4)
+    q_b = strategy.generic_query(rt, b, strategy.regions_of(b), 4)
+    _, own = strategy.select_blocks(rt, a, q_a, 4)
+    _, swapped = strategy.select_blocks(rt, a, q_b, 4)
+    _, theirs = strategy.select_blocks(rt, b, q_b, 4)
+    assert any(not torch.equal(x, y) for x, y in zip(own, swapped))
+    assert all(torch.equal(x, y) for x, y in zip(swapped, theirs))
+
+
+def test_options_n_star_heads_query_and_force_docs():
+    from kvedge.common.errors import InvalidOption
+
+    s = get_strategy("samkv", {"stable_from": "3", "stable_to": "5"})
+    assert s.stable_layers(30) == [3, 4, 5] and s.stable_layers(4) == [3]
+    assert get_strategy("samkv").stable_layers(30) == list(range(2, 30))
+    assert get_strategy("samkv", {"force_docs": "0+2"}).forced() == [0, 2]
+    assert get_strategy("samkv", {"force_docs": "1,3"}).forced() == [1, 3]
+    for bad in ({"heads": "sum"}, {"query": "last"}, {"force_docs": "gold"}):
+        with pytest.raises(InvalidOption):
+            get_strategy("samkv", bad)
+
+
+def test_force_docs_keeps_every_block_of_the_forced_document_at_every_layer():
+    """The oracle diagnostic: the forced document's rows are all in the final cache (the
+    recombined answer path then sees the gold paragraph whole); the others stay sparse."""
+    from kvedge.common.errors import InvalidOption
+
+    rt = tiny_runtime("tiny-llama")
+    composed = prompt(rt, sizes=(64, 72, 56), seed=11)
+    plan = get_strategy("samkv", {"p": 0.2, "force_docs": "1"}).plan(rt, composed, reserve=4)
+    off, n = composed.offsets[1], composed.segments[1].n_tokens
+    for layer in plan.cache:
+        for group in layer.heads():
+            assert set(range(off, off + n)) <= set(group.positions.tolist())
+    assert sequence_ratio(plan.cache, composed) < 1
+    with pytest.raises(InvalidOption):
+        get_strategy("samkv", {"force_docs": "3"}).plan(rt, composed, reserve=4)
+
+
+def test_through_the_engine_the_query_span_is_the_question_and_costs_are_reported():
+    """`EdgeEngine.compose` marks the question's own tokens (not "Question:", the instruction
+    or the assistant header) for SamKV's Q_que; the answer's costs report the kept KV's bytes
+    and sequence ratio, as `kvctl ask --strategy samkv` prints them."""
+    from kvedge.common.model.models import load_model
+    from kvedge.edge.engine import EdgeEngine
+
+    engine = EdgeEngine(load_model("tiny-llama"))
+    try:
+        base = prompt(engine.rt, sizes=(64, 72, 56), seed=12)
+        composed = engine.compose(base.segments, "Which is older, the mill or the bridge?",
+                                  "Answer briefly.")
+        start, end = composed.query
+        assert engine.tok.decode(composed.question_ids[start:end]).strip() == \
+            "Which is older, the mill or the bridge?"
+        *_, stats = engine.answer(composed, get_strategy("samkv", {"p": 0.2}), 4)
+        *_, full = engine.answer(composed, get_strategy("recompute"), 4)
+        assert 0 < stats["sequence_ratio"] < 1 and stats["kv_bytes"] < full["kv_bytes"]
+    finally:
+        engine.close()

@@ -33,6 +33,9 @@ class Composed:
     segments: list                      # KVContexts (pre-RoPE, maybe ragged per head)
     question_ids: list[int]
     texts: tuple[list[int], ...] = ()   # fresh text before each segment (at most one each)
+    # [start, end) of the user's query text within question_ids (None: unknown, all of them):
+    # question_ids also hold a label, the instruction and the chat template's assistant header
+    query: tuple[int, int] | None = None
 
     def __post_init__(self):
         if len(self.texts) > len(self.segments):
@@ -71,6 +74,11 @@ class Composed:
 
     def question_positions(self) -> torch.Tensor:
         return torch.arange(self.question_start, self.question_start + len(self.question_ids))
+
+    def query_positions(self) -> torch.Tensor:
+        """Positions of the user's query text (SamKV's "user query", Sec. 3.1)."""
+        start, end = self.query or (0, len(self.question_ids))
+        return torch.arange(self.question_start + start, self.question_start + end)
 
     def fresh_positions(self) -> torch.Tensor:
         """Every position not cached: the fresh texts', then the question's (SparseX's I_nr)."""
