@@ -48,11 +48,14 @@ is silent, the decision and why (each an option; measurements in docs/reuse.md):
   ⌈|C|/D⌉ of the |C| candidates ("total block count / D" read as the candidates' count: all
   middle blocks / D keeps a third of every document at D = 3, far from the paper's 15 %
   sequence ratio). `cut=false` keeps every candidate.
-- N* (`stable_from`, `stable_to`): the paper's layer set is in its missing appendix. Chosen
-  by the gold-block rank per layer on held-in HotpotQA questions (`bench/samkv_probe.py
-  --task hotpot-fixed --seed 1`, docs/reuse.md "SamKV per the paper"); `score_layer` ≥ 0
-  scores every layer's selection with that one layer's scores (the probe's best single
-  layer), −1 (the paper's reading) each layer by its own.
+- N* (`stable_from`, `stable_to`): the paper's layer set is in its missing appendix. Measured
+  on 11 held-in HotpotQA questions (`bench/samkv_probe.py --diagnostic ranks --task
+  hotpot-fixed --seed 1`, docs/reuse.md "SamKV per the paper"), SmolLM2-135M: at no layer
+  does the block score rank the answer's block better than chance (percentile 0.63–0.78,
+  0.5 = chance), while the question's true attention mostly does from layer 3 on (0.34–0.55)
+  and not at layers 0–2 (0.57–0.74). No subset is measurably better, so N* stays layers 2..last
+  (0–1 attend positionally) and `score_layer` (≥ 0: every layer selects by that layer's
+  scores) stays −1, each layer by its own, the paper's reading.
 - Anchor s_anc: the mean score of the initial and local blocks.
 - Recompute set: the top `ratio` × (context tokens) tokens by attention from Q̂_i, a softmax
   per layer and KV head over the document's kept rows, summed over query heads and averaged
