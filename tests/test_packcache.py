@@ -226,6 +226,40 @@ def test_evict_ignores_unfinished_transfers(tmp_path, packs):
     assert cache.held(pack_id(packs[2])) == 50
 
 
+def test_eviction_lists_the_folder_once_per_cacheful_not_per_fetch(tmp_path):
+    """Steady state behind a full cache: each fetch commits a pack and evicts one. The cache
+    keeps its byte total and the candidates of its last listing, so it lists its folder
+    once per `room` packs evicted (a listing per fetch was O(cache) stats on every miss)
+    and still evicts exactly the least recently used."""
+    room = 8
+    data = [make_pack(seed) for seed in range(3 * room)]
+    cache = PackCache(tmp_path, FP, capacity_bytes=room * max(map(len, data)))
+    ids = [put(cache, d) for d in data[:room]]
+    for n, pid in enumerate(ids):
+        age(cache, pid, 1_000_000 + n)
+    assert cache.evict() == [] and cache.listings == 1  # within budget: counted, not listed
+    for n, d in enumerate(data[room:]):
+        ids.append(put(cache, d))
+        age(cache, ids[-1], 2_000_000 + n)
+        cache.load(ids[n + 1]) if n == 0 else None  # used: newer than the listing's order
+        assert len(cache.evict()) == 1
+        assert cache.evict() == []
+    assert cache.listings <= 1 + len(data[room:]) // (room - 1) + 1
+    kept = [pid for pid in ids if cache.has(pid)]
+    assert len(kept) == room and ids[1] not in kept  # used once, then the oldest again
+    assert kept == ids[-room:]
+
+
+def test_the_byte_total_follows_packs_deleted_as_damaged(tmp_path, packs):
+    cache = PackCache(tmp_path, FP, capacity_bytes=sum(map(len, packs)))
+    ids = [put(cache, d) for d in packs]
+    assert cache.evict() == []
+    cache.path(ids[0]).write_bytes(b"damaged")
+    with pytest.raises(PackCorrupt):
+        cache.load(ids[0])
+    assert cache._total == sum(map(len, packs[1:]))
+
+
 def test_a_cache_without_capacity_never_evicts(tmp_path, packs):
     cache, ids = filled(tmp_path, packs, capacity=0)
     assert cache.evict() == [] and all(cache.has(p) for p in ids)
