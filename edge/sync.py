@@ -104,6 +104,7 @@ class Syncer:
         self.targets = self.pinned + [t for t in on_demand if t not in self.pinned]
         self.detokenize = detokenize
         self.last_error: str | None = None
+        self._locals: dict[Target, tuple[tuple[int, int], dict]] = {}  # see `local`
         self.transform_bytes = 0  # since start (edge.metrics reports it with the fetcher's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -240,8 +241,20 @@ class Syncer:
             log.info("installed kvtc transform %s… (%d bytes)", digest[:16], len(data))
 
     def local(self, target: Target) -> dict | None:
+        """The target's local manifest; parsed again only when its file changed (every
+        poll reads it, and a 20,000-segment KB's is ~16 MB of JSON: its texts and token
+        ids). The caller must not change what it returns."""
         path = manifest_path(self.state_dir, target)
-        return json.loads(path.read_text()) if path.exists() else None
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self._locals.pop(target, None)
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        known = self._locals.get(target)
+        if known is None or known[0] != stamp:
+            known = self._locals[target] = (stamp, json.loads(path.read_text()))
+        return known[1]
 
     def run(self, interval: float = 5.0) -> None:
         """Sync forever (until stop()); failures are logged and retried, serving goes on."""

@@ -407,3 +407,22 @@ def test_variant_names_cannot_leave_the_manifest_folder(spec):
         Target.parse(spec)
     with pytest.raises(InvalidName):
         Target.in_namespace("default", spec)
+
+
+def test_a_poll_with_nothing_new_does_not_parse_the_local_manifest_again(cloud, cache, tmp_path,
+                                                                          packs, monkeypatch):
+    """Every poll compares the cloud's KB with the local manifest; a large KB's manifest is
+    megabytes of JSON, so it is parsed again only when its file changed."""
+    import kvedge.edge.sync as sync
+
+    cloud.publish(KB, packs[:2])
+    s = on_demand(cloud, cache, tmp_path)
+    s.sync_once()
+    parsed, loads = [], json.loads
+    monkeypatch.setattr(sync.json, "loads", lambda text: parsed.append(1) or loads(text))
+    for _ in range(3):
+        assert s.sync_once() == {"default/manuals": 0}
+    assert len(parsed) <= 1  # at most once, after the sync wrote it
+    cloud.publish(KB, packs[:3])
+    s.sync_once()
+    assert [seg["pack_id"] for seg in s.local(KB)["segments"]] == [pack_id(p) for p in packs[:3]]
