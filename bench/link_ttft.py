@@ -6,8 +6,11 @@ in-process) ingests a KB; for each link (`bench.link.LinkEmulator`: bandwidth pe
 link (`kvedge serve --kb`: no pack fetched), then, per question, through `EdgeEngine.ask`:
 
 - *cold*: the edge's pack cache emptied first, so the question's packs cross the link inside
-  the ask (fetched whole, verified, then loaded: fetch-then-answer, `kvedge serve
-  --always-fetch`);
+  the ask (fetched whole, verified, then loaded: fetch-then-answer, `EdgeEngine(stream=False)`
+  with `kvedge serve --always-fetch`);
+- *streamed*: cold again, each pack decoded layer by layer while its bytes arrive and the next
+  pack's transfer started behind the last one's bytes (`EdgeEngine`'s default cold path,
+  `common.pack.stream`, `Fetcher.fetch_in_order`);
 - *warm*: the same question again, its packs cached;
 - *local prefill*: `recompute` over the cached packs' text — what an edge without packs
   would do (full prefill of the prompt);
@@ -17,9 +20,10 @@ link (`kvedge serve --kb`: no pack fetched), then, per question, through `EdgeEn
   the link from the cold asks' transfers, as an edge that has answered before does; its
   prefill is calibrated before the first question.
 
-TTFTs are medians over the questions; the ratios are cold / local prefill and
-fetch-or-compute / the better of cold and local prefill, per link; `computed` counts the
-segments fetch-or-compute prefilled, of the `missing` ones, over all questions.
+TTFTs are medians over the questions; the ratios are cold / local prefill, streamed / cold,
+streamed / local prefill and fetch-or-compute / the better of cold and local prefill, per
+link; `computed` counts the segments fetch-or-compute prefilled, of the `missing` ones, over
+all questions.
 """
 from __future__ import annotations
 
@@ -63,23 +67,26 @@ def over_link(loaded, address: str, token: str, link: tuple[float, float],
         Syncer(cloud, cache, state, [], loaded.tokenizer.decode, on_demand=[target],
                fetcher=fetcher).sync_once()
         synced = time.perf_counter() - start
-        engine = EdgeEngine(loaded, cache, state, fetcher=fetcher)
+        engine = EdgeEngine(loaded, cache, state, fetcher=fetcher, stream=False)
+        streaming = EdgeEngine(loaded, cache, state, fetcher=fetcher)
         choosing = EdgeEngine(loaded, cache, state, fetcher=fetcher, fetch_or_compute=True)
         choosing.scheduler.settle()  # its prefill calibrated
         rows = []
         for question in questions:
             cache.clear()
             cold = _ask(engine, target, question, max_new_tokens).ttft_s
+            cache.clear()
+            streamed = _ask(streaming, target, question, max_new_tokens).ttft_s
             warm = _ask(engine, target, question, max_new_tokens).ttft_s
             local = _ask(engine, target, question, max_new_tokens, "recompute").ttft_s
             cache.clear()
             choosing.local.computed.clear()
             chose = _ask(choosing, target, question, max_new_tokens)
-            rows.append({"cold": cold, "warm": warm, "local": local, "foc": chose.ttft_s,
+            rows.append({"cold": cold, "stream": streamed, "warm": warm, "local": local, "foc": chose.ttft_s,
                          "computed": len(chose.computed_segments),
                          "missing": len(chose.computed_segments + chose.fetched_segments)})
-        engine.close()
-        choosing.close()
+        for e in (engine, streaming, choosing):
+            e.close()
         return {"sync_s": synced, "link_bytes": emulated.bytes, "rows": rows}
 
 
@@ -104,10 +111,13 @@ def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tok
             got = over_link(loaded, address, token, link, questions, root / f"edge-{link[0]}",
                             max_new_tokens)
             med = {k: median(r[k] for r in got["rows"])
-                   for k in ("cold", "warm", "local", "foc")}
+                   for k in ("cold", "stream", "warm", "local", "foc")}
             out.append({"mbit_s": link[0], "rtt_ms": link[1], "sync_s": got["sync_s"],
                         **{f"{k}_ttft_s": v for k, v in med.items()},
                         "cold_over_local": med["cold"] / med["local"],
+                        "stream_over_cold": med["stream"] / med["cold"],
+                        "stream_over_local": med["stream"] / med["local"],
+                        "stream_over_best": med["stream"] / min(med["cold"], med["local"]),
                         "foc_over_best": med["foc"] / min(med["cold"], med["local"]),
                         **{k: sum(r[k] for r in got["rows"]) for k in ("computed", "missing")},
                         "questions": len(questions)})
@@ -119,13 +129,16 @@ def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tok
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| link | manifest sync s | cold TTFT s | warm TTFT s | local prefill TTFT s | "
-             "cold / local | fetch-or-compute TTFT s | computed / missing | "
-             "FoC / best of cold, local |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| link | manifest sync s | cold TTFT s | streamed TTFT s | warm TTFT s | "
+             "local prefill TTFT s | cold / local | streamed / cold | streamed / local | "
+             "streamed / best of cold, local | fetch-or-compute TTFT s | computed / missing | "
+             "FoC / best of cold, local |", "|---" * 13 + "|"]
     for r in rows:
         lines.append(f"| {r['mbit_s']:g} Mbit/s, {r['rtt_ms']:g} ms | {r['sync_s']:.2f} | "
-                     f"{r['cold_ttft_s']:.2f} | {r['warm_ttft_s']:.2f} | "
-                     f"{r['local_ttft_s']:.2f} | {r['cold_over_local']:.2f} | "
+                     f"{r['cold_ttft_s']:.2f} | {r['stream_ttft_s']:.2f} | "
+                     f"{r['warm_ttft_s']:.2f} | {r['local_ttft_s']:.2f} | "
+                     f"{r['cold_over_local']:.2f} | {r['stream_over_cold']:.2f} | "
+                     f"{r['stream_over_local']:.2f} | {r['stream_over_best']:.2f} | "
                      f"{r['foc_ttft_s']:.2f} | {r['computed']} / {r['missing']} | "
                      f"{r['foc_over_best']:.2f} |")
     return "\n".join(lines)
@@ -141,9 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--kb", type=Path, default=DEMO_KB)
     ap.add_argument("--questions", type=int, default=5)
+    ap.add_argument("--mbit", default=",".join(f"{m:g}" for m, _ in LINKS),
+                    help="link bandwidths in Mbit/s, comma-separated (20 ms round trip each)")
     args = ap.parse_args(argv)
     asked = json.loads((args.kb / "questions.json").read_text())[:args.questions]
-    rows = run(args.model, args.kb, [q["question"] for q in asked])
+    links = tuple((float(m), 20) for m in args.mbit.split(","))
+    rows = run(args.model, args.kb, [q["question"] for q in asked], links)
     print(table(rows))
 
 

@@ -92,8 +92,8 @@ def test_a_link_needs_a_bandwidth():
 
 def test_an_on_demand_edge_behind_the_link_answers_cold_then_warm(tmp_path):
     """bench/link_ttft.py on the tiny model: the manifest synced through the link, a cold
-    question's packs fetched through it inside the ask, the same question warm, then cold
-    again choosing per segment between fetching and prefilling (fetch-or-compute)."""
+    question's packs fetched through it inside the ask (whole, then decoded as they arrive),
+    the same question warm, then cold again choosing per segment between fetching and prefilling (fetch-or-compute)."""
     from kvedge.bench.link_ttft import run, table
 
     kb = tmp_path / "kb"
@@ -103,7 +103,19 @@ def test_an_on_demand_edge_behind_the_link_answers_cold_then_warm(tmp_path):
     (row,) = run("tiny-llama", kb, ["What is the code of doc 2?"], links=((50, 10),),
                  echo=lambda *_: None)
     assert row["cold_ttft_s"] > row["warm_ttft_s"] > 0 and row["sync_s"] > 0
+    assert row["stream_ttft_s"] > row["warm_ttft_s"]  # the streamed cold path fetches too
+    assert row["stream_over_cold"] == row["stream_ttft_s"] / row["cold_ttft_s"]
     assert row["foc_ttft_s"] > 0 and 0 <= row["computed"] <= row["missing"] == 3  # top_k
     assert row["foc_over_best"] == row["foc_ttft_s"] / min(row["cold_ttft_s"],
                                                            row["local_ttft_s"])
     assert "50 Mbit/s, 10 ms" in table([row]) and f"| {row['computed']} / 3 |" in table([row])
+
+
+def test_the_stream_fetch_benchmark_times_both_ways_of_a_cold_read():
+    """bench/stream_fetch.py on small packs: both ways take at least the time on the wire."""
+    from kvedge.bench.stream_fetch import run, table
+
+    (row,) = run([50.0], n_packs=2, repeat=1, shape=(2, 1, 2, 16), tokens=32)
+    assert row["fetch_then_load_s"] >= row["wire_s"] - 0.04 > 0  # round trips: ≥ 20 ms each
+    assert row["streamed_s"] >= row["wire_s"] - 0.04
+    assert "50 Mbit/s, 20 ms" in table([row])
