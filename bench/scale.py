@@ -37,6 +37,7 @@ p99 within 1.5x of a 100-segment KB's). Latency is the client's, request to comp
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -248,9 +249,14 @@ class Edge:
         return 0
 
     def disk(self) -> int:
-        """Bytes of the edge's pack files, finished and partial."""
-        return sum(p.stat().st_size for p in (self.state / "packs").iterdir()
-                   if p.suffix in (".kvp", ".part"))
+        """Bytes of the edge's pack files, finished and partial (one may go meanwhile: a
+        prefetch's transfer committed, a pack evicted)."""
+        total = 0
+        for path in (self.state / "packs").iterdir():
+            if path.suffix in (".kvp", ".part"):
+                with contextlib.suppress(FileNotFoundError):
+                    total += path.stat().st_size
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -373,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         return sync_only(*argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--segments", type=int, default=20000)
-    ap.add_argument("--questions", type=int, default=1000)
+    ap.add_argument("--questions", type=int, default=1000, help="0: build the KBs only")
     ap.add_argument("--cache-fraction", type=float, default=0.05)
     ap.add_argument("--small", type=int, default=100,
                     help="segments of the reference KB (0: none)")
@@ -389,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
                  max_new_tokens=args.max_new_tokens, data=args.data)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
+    if not args.questions:
+        return print(json.dumps(report["rows"]))
     print(table(report))
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}))
 
