@@ -59,7 +59,7 @@ class PacedCloud:
             piece = data[at:at + CHUNK]
             time.sleep(max(0.0, start + (at - offset + len(piece)) / self.rate
                            - time.perf_counter()))
-            yield SimpleNamespace(offset=at, data=piece)
+            yield SimpleNamespace(offset=at, data=piece, total=len(data))
 
 
 def fetch_and_load(packs: dict[str, bytes], mbit_s: float, streamed: bool) -> float:

@@ -182,15 +182,21 @@ class Fetcher:
         it as it arrives. `received` is set once the last byte is in."""
         offset = self.cache.held(pack_id)
         stream = _Decoding(self.cache, pack_id, offset) if decode else None
-        for chunk in self._timed(self.client.fetch_pack(namespace, pack_id, offset)):
-            self.cache.append(pack_id, chunk.offset, chunk.data)
-            if stream is not None:
-                stream.feed(chunk.data)
-            if self._stop.is_set():  # stopping: keep what arrived, resume it next start
-                raise FetchStopped(f"stopped while fetching {pack_id[:16]}…")
-        received.set()
-        ctx = stream.finish() if stream is not None else None
-        self.cache.commit(pack_id)
+        try:
+            for chunk in self._timed(self.client.fetch_pack(namespace, pack_id, offset)):
+                if chunk.offset == offset and chunk.total:  # room first: disk ≤ capacity
+                    self.cache.reserve(pack_id, chunk.total)
+                self.cache.append(pack_id, chunk.offset, chunk.data)
+                if stream is not None:
+                    stream.feed(chunk.data)
+                if self._stop.is_set():  # stopping: keep what arrived, resume it next start
+                    raise FetchStopped(f"stopped while fetching {pack_id[:16]}…")
+            received.set()
+            ctx = stream.finish() if stream is not None else None
+            self.cache.commit(pack_id)  # releases the reservation: the pack is counted
+        except BaseException:
+            self.cache.release(pack_id)
+            raise
         if ctx is not None:
             self.cache.keep(pack_id, ctx)
         with self._lock:

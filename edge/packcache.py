@@ -60,6 +60,7 @@ class PackCache:
         self._evicting = threading.Lock()  # one eviction at a time
         self._total: int | None = None  # bytes of the cached packs; None: not listed yet
         self._sizes: dict[str, int] = {}  # each cached pack's bytes as committed or listed
+        self._reserved: dict[str, int] = {}  # transfers under way: their packs' whole size
         self._candidates: deque[tuple[Path, float]] = deque()  # (file, atime) oldest first
         self.listings = 0  # folder listings by evict (what its cost grows with)
         self.stats = CacheStats()
@@ -96,10 +97,26 @@ class PackCache:
     def commit(self, pack_id: str) -> int:
         """Verify the finished transfer and move it into the cache; returns its size.
         A pack that fails verification is deleted and PackCorrupt/ModelMismatch raised."""
-        size = self._part(pack_id).finish(self.path(pack_id),
-                                          lambda data: self._verify(pack_id, data))
-        self._count(pack_id, size)
+        try:
+            size = self._part(pack_id).finish(self.path(pack_id),
+                                              lambda data: self._verify(pack_id, data))
+            self._count(pack_id, size)
+        finally:
+            self.release(pack_id)
         return size
+
+    def reserve(self, pack_id: str, size: int) -> list[str]:
+        """Make room for a transfer of a `size`-byte pack before its bytes land, so the
+        folder never holds more than the capacity (cached packs + transfers under way;
+        held and pinned packs excepted, as in `evict`); returns the packs evicted for it."""
+        with self._lock:
+            self._reserved[pack_id] = size
+        return self.evict()
+
+    def release(self, pack_id: str) -> None:
+        """The transfer of `pack_id` ended (committed, failed or stopped)."""
+        with self._lock:
+            self._reserved.pop(pack_id, None)
 
     def _count(self, pack_id: str, size: int | None) -> None:
         """A pack entered (`size`) or left (None) the cache: keep the byte total."""
@@ -247,15 +264,16 @@ class PackCache:
             self._delete(path.stem)
 
     def evict(self) -> list[str]:
-        """Drop packs, oldest access first, until within capacity; pinned and held packs
-        stay (so a budget below one answer's packs is exceeded while that answer runs)."""
+        """Drop packs, oldest access first, until they and the transfers under way
+        (`reserve`) fit the capacity; pinned and held packs stay (so a budget below one
+        answer's packs is exceeded while that answer runs)."""
         if not self.capacity:
             return []
         with self._evicting:
             if self._total is None:
                 self._list()
             dropped, listed = [], False
-            while self._total > self.capacity:
+            while self._total + sum(self._reserved.values()) > self.capacity:
                 if not self._candidates:
                     if listed:
                         break  # only pinned and held packs are left

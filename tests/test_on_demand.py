@@ -338,18 +338,19 @@ class Chopped(Recording):
         for chunk in super().fetch_pack(namespace, pack_id, offset, length):
             for start in range(0, len(chunk.data), self.piece):
                 yield from self._piece(chunk.offset + start,
-                                       bytearray(chunk.data[start:start + self.piece]))
+                                       bytearray(chunk.data[start:start + self.piece]),
+                                       chunk.total)
 
-    def _piece(self, at: int, data: bytearray):
+    def _piece(self, at: int, data: bytearray, total: int):
         if self.cut is not None and at + len(data) > self.cut:
             cut, self.cut = self.cut, None
-            yield SimpleNamespace(offset=at, data=bytes(data[:cut - at]))
+            yield SimpleNamespace(offset=at, data=bytes(data[:cut - at]), total=total)
             raise ConnectionError("connection reset mid-layer")
         if self.flip is not None and at <= self.flip < at + len(data):
             data[self.flip - at] ^= 0x10
             self.flip = None
         self.pulled = at + len(data)
-        yield SimpleNamespace(offset=at, data=bytes(data))
+        yield SimpleNamespace(offset=at, data=bytes(data), total=total)
 
 
 def whole_pack(cloud, pid: str) -> bytes:

@@ -226,6 +226,24 @@ def test_evict_ignores_unfinished_transfers(tmp_path, packs):
     assert cache.held(pack_id(packs[2])) == 50
 
 
+def test_a_transfer_makes_room_before_its_bytes_land(tmp_path, packs):
+    """Disk stays within the capacity while a transfer runs: reserving a pack's size evicts
+    for it first; the reservation becomes the pack's size on commit and goes on failure."""
+    room = max(map(len, packs))
+    cache, ids = filled(tmp_path, packs[:2], capacity=2 * room)
+    new = pack_id(packs[2])
+    assert cache.reserve(new, len(packs[2])) == [ids[0]]  # the least recently used
+    cache.append(new, 0, packs[2])
+    disk = sum(p.stat().st_size for p in cache.root.iterdir())
+    assert disk <= 2 * room
+    cache.commit(new)
+    assert cache.evict() == [] and cache._reserved == {}
+    gone = pack_id(packs[3])
+    assert cache.reserve(gone, len(packs[3])) == [ids[1]]
+    cache.release(gone)  # the transfer failed: nothing more is evicted for it
+    assert cache.reserve(pack_id(packs[0]), 1) == [] and cache.has(new)
+
+
 def test_eviction_lists_the_folder_once_per_cacheful_not_per_fetch(tmp_path):
     """Steady state behind a full cache: each fetch commits a pack and evicts one. The cache
     keeps its byte total and the candidates of its last listing, so it lists its folder
