@@ -20,7 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from kvedge.bench.bootstrap import paired_bootstrap
-from kvedge.bench.runner import REFERENCE_CODEC
+from kvedge.bench.qa_report import _label
+from kvedge.bench.runner import REFERENCE_CODEC, codec_of, fewer_bytes
 
 MARGIN = 0.01          # one F1 point: the loss the issue tolerates in a codec
 MIN_QUESTIONS = 300    # fewer paired questions decide nothing (issue 30's bar)
@@ -31,7 +32,7 @@ SIBLING = ("suite", "task", "length", "items", "seed", "method", "budget", "opti
 @dataclass(frozen=True)
 class CodecVerdict:
     codec: str
-    setting: str               # the cell's method (and budget / options), as in the tables
+    setting: str               # the cell's method, options and budget, as the QA tables say
     task: str
     length: int
     questions: int
@@ -49,20 +50,6 @@ class CodecVerdict:
         return "answer-preserving" if low is not None and low > -MARGIN else "not shown"
 
 
-def _codec(row: dict) -> str:
-    return row.get("codec", REFERENCE_CODEC)
-
-
-def _setting(row: dict) -> str:
-    extra = f" @{row['budget']:g}" if row["suite"] == "evict" and row["method"] != "full" else ""
-    return row["method"] + extra + (f" {row['options']}" if row.get("options") else "")
-
-
-def _fewer_bytes(row: dict) -> float | None:
-    fp16, shipped = row.get("fp16_bytes"), row.get("shipped_bytes") or row.get("kv_bytes")
-    return fp16 / shipped if fp16 and shipped else None
-
-
 def _same_text(row: dict, ref: dict) -> float | None:
     a = [q.get("answer") for q in row["per_question"]]
     b = [q.get("answer") for q in ref["per_question"]]
@@ -76,7 +63,7 @@ def verdicts(rows: list[dict]) -> list[CodecVerdict]:
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
         if r.get("per_question"):  # rows without per-question scores cannot be paired
-            groups[tuple(r.get(k) for k in SIBLING)][_codec(r)] = r
+            groups[tuple(r.get(k) for k in SIBLING)][codec_of(r)] = r
     out = []
     for cells in groups.values():
         ref = cells.get(REFERENCE_CODEC)
@@ -88,9 +75,9 @@ def verdicts(rows: list[dict]) -> list[CodecVerdict]:
             if codec == REFERENCE_CODEC or len(a) != len(b) or None in a + b or not a:
                 continue
             paired = paired_bootstrap(a, b)
-            out.append(CodecVerdict(codec, _setting(r), r["task"], r["length"], len(a),
+            out.append(CodecVerdict(codec, _label(r), r["task"], r["length"], len(a),
                                     paired.mean, paired.ceiling, paired.diff.as_list(),
-                                    _fewer_bytes(r), _same_text(r, ref)))
+                                    fewer_bytes(r), _same_text(r, ref)))
     return out
 
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 from kvedge.bench import noninferiority
 from kvedge.bench.datasets import DATASETS
 from kvedge.bench.qa_report import qa_tables
-from kvedge.bench.runner import KVPRESS, LEGACY_CODEC, REFERENCE_CODEC
+from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, codec_of, fewer_bytes
 
 TARGET = (32.0, 0.92)  # ≥ 32× fewer bytes than fp16 KV at ≥ 92 % of full KV's accuracy
 
@@ -48,16 +48,6 @@ def acc(r: dict) -> tuple[float | None, float | None]:
     if r.get("score") is not None:
         return r["score"], r.get("score_ratio")
     return r.get("any"), r.get("any_ratio")
-
-
-def codec_of(r: dict) -> str:
-    return r.get("codec", LEGACY_CODEC)
-
-
-def fewer_bytes(r: dict) -> float | None:
-    """× fewer bytes than the context's full KV in fp16, as the cell ships it."""
-    return r["fp16_bytes"] / r["shipped_bytes"] if r.get("fp16_bytes") and r.get(
-        "shipped_bytes") else None
 
 
 def full_kv_acc(r: dict) -> float | None:

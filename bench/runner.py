@@ -137,6 +137,17 @@ def settings(strategy: str, ratios: list[float],
     return [(r, ",".join(c)) for c in combos for r in rs]
 
 
+def codec_of(r: dict) -> str:
+    """A results row's pack codec; rows from before the codec joined the key get theirs."""
+    return r.get("codec", LEGACY_CODEC)
+
+
+def fewer_bytes(r: dict) -> float | None:
+    """× fewer bytes than the context's full KV in fp16, as the cell ships it."""
+    return r["fp16_bytes"] / r["shipped_bytes"] if r.get("fp16_bytes") and r.get(
+        "shipped_bytes") else None
+
+
 def row_key(row: dict) -> str:
     """A results row's cell key; rows from before the codec joined the key get theirs."""
     return row["key"] if "codec" in row else f"{row['key']}/{LEGACY_CODEC}"
