@@ -5,12 +5,14 @@ one request over a dense cache of `context` random tokens, each path timed over 
 steps after a warm one:
 
 - the scheduler's `decode_step`, unpadded and padded to `ROW_MULTIPLE` rows (the served
-  default, batch-invariant), and `Runtime.forward` of one token (`bench.load.decode_costs`);
+  default, batch-invariant), with int8 weights (`kvedge serve --decode-weights int8`,
+  unpadded: its kernel is row-invariant), and `Runtime.forward` of one token
+  (`bench.load.decode_costs`);
 - transformers' own forward with its `DynamicCache` (the reference implementation);
 - one pass over every 2-D weight with one row, in fp32, bf16 and fp16: what the matmuls of a
   step cost at each precision (decode on a CPU is bound by reading the weights); and in fp32
-  with 1, 4, 8 and 16 rows: what the rows a step carries cost (the padding rows that keep
-  answers batch-invariant, and the draft rows of speculation, `batch.SPEC_ROWS`);
+  and int8 with 1, 4, 8 and 16 rows: what the rows a step carries cost (the padding rows
+  that keep answers batch-invariant, and the draft rows of speculation, `batch.SPEC_ROWS`);
 - llama.cpp (`llama-cpp-python`, when importable: a reference point, never a dependency of
   the service) decoding the very GGUF file the model was converted from, one token per
   `eval`, on the same threads: the distance to a runtime built for CPU decode.
@@ -55,17 +57,21 @@ def llamacpp_ms(gguf: str, context: int, steps: int, threads: int, seed: int = 0
 
 
 def weight_pass_ms(loaded, dtype, repeats: int = 10, n_rows: int = 1) -> float:
+    """One pass over every 2-D weight in `dtype`, or "int8" (quant.Int8Weight, fp32 rows)."""
     import torch
-    import torch.nn.functional as F
 
     from kvedge.bench.load import per_call_s
+    from kvedge.common.model.quant import Int8Weight, linear
 
-    weights = [p.detach().to(dtype) for p in loaded.model.parameters() if p.dim() == 2]
-    rows = {w.shape[1]: torch.randn(n_rows, w.shape[1], dtype=dtype) for w in weights}
+    params = [p.detach() for p in loaded.model.parameters() if p.dim() == 2]
+    weights = [Int8Weight(p) for p in params] if dtype == "int8" else [p.to(dtype)
+                                                                        for p in params]
+    rows = {p.shape[1]: torch.randn(n_rows, p.shape[1], dtype=torch.float32 if dtype == "int8"
+                                    else dtype) for p in params}
 
     def one_pass():
-        for w in weights:
-            F.linear(rows[w.shape[1]], w)
+        for p, w in zip(params, weights):
+            linear(rows[p.shape[1]], w)
     return per_call_s(one_pass, repeats + 1) * 1e3
 
 
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    costs = decode_costs(args.model, args.context, batches=(1,), steps=args.steps)
+    costs = decode_costs(args.model, args.context, batches=(1, 4), steps=args.steps)
     loaded = load_model(args.model)
     rows = {**{k: v * 1e3 for k, v in costs.items()},
             "transformers forward with its cache": transformers_ms(loaded, args.context,
@@ -100,9 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     print("| weights, one row | ms per pass |\n|---|---|")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         print(f"| {str(dtype).removeprefix('torch.')} | {weight_pass_ms(loaded, dtype):.1f} |")
-    print("| fp32 weights, rows | ms per pass |\n|---|---|")
+    print("| rows | fp32 weights, ms per pass | int8 weights, ms per pass |\n|---|---|---|")
     for n_rows in (1, 4, 8, 16):
-        print(f"| {n_rows} | {weight_pass_ms(loaded, torch.float32, n_rows=n_rows):.1f} |")
+        print(f"| {n_rows} | {weight_pass_ms(loaded, torch.float32, n_rows=n_rows):.1f} "
+              f"| {weight_pass_ms(loaded, 'int8', n_rows=n_rows):.1f} |")
 
 
 if __name__ == "__main__":

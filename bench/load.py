@@ -235,8 +235,9 @@ def per_call_s(call, calls: int) -> float:
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
-    scheduler's batched step at each batch size, and `Runtime.forward` of one token (how a
-    request decoded alone before batching) — where the throughput of a batch comes from."""
+    scheduler's batched step at each batch size (fp32 weights padded to ROW_MULTIPLE rows;
+    int8 weights unpadded), and `Runtime.forward` of one token (how a request decoded alone
+    before batching) — where the throughput of a batch comes from."""
     import torch
 
     from kvedge.common.model.batch import decode_step
@@ -263,6 +264,11 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
         costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states))
     alone = [request()]
     costs["batch of 1 unpadded"] = timed(lambda: decode_step(rt, alone, row_multiple=1))
+    rt.use_decode_weights("int8")  # row-invariant: no padding needed (quant's docstring)
+    for n in batches:
+        states = [request() for _ in range(n)]
+        costs[f"batch of {n}, int8 weights"] = timed(lambda: decode_step(rt, states, 1))
+    rt.use_decode_weights("fp32")
     alone = request()
     costs["forward of 1"] = timed(lambda: alone.advance(rt.forward(
         torch.tensor([alone.token]), torch.tensor([alone.next_position()]), alone.cache,

@@ -1,14 +1,18 @@
-"""Time to the whole answer, with and without prompt-lookup drafts, on real questions (issue 28).
+"""Time to the whole answer, with and without prompt-lookup drafts and int8 decode weights, on
+real questions (issue 28).
 
 `python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic]
-[--style short|sentence] [--spec-rows 8] [--no-batch-invariant]`: HotpotQA questions of the
+[--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,int8] [--no-batch-invariant]`:
+HotpotQA questions of the
 tuning split (`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through
 the served path (`EdgeEngine.answer`, the scheduler, batch-invariant steps unless told
-otherwise) by each strategy twice in a row — drafts off (`spec_rows` 0), then on — so both
-see the same machine. Per strategy and mode: median TTFT, TPOT and time to the whole
-answer, tokens per decode step, the drafts' accept rate, and how many answers differ between
-the modes (none may: under greedy a step keeps only the drafts the model's own picks agree
-with).
+otherwise) by each strategy in every mode in a row — for each decode-weight format, drafts
+off (`spec_rows` 0), then on — so all see the same machine. Per strategy and mode: median
+TTFT, TPOT and time to the whole answer, tokens per decode step, the drafts' accept rate,
+mean F1 against HotpotQA's answers, and how many answers differ from the first mode's
+(fp32 weights, no drafts). Drafts change none (under greedy a step keeps only the drafts
+the model's own picks agree with); int8 weights may (`kvedge.common.model.quant`), and the
+count is their agreement rate.
 
 `--style short` asks HotpotQA's way (the answer only: a few tokens); `sentence` asks for one
 sentence (~20–30 tokens), the answers users of a chat page read.
@@ -25,8 +29,11 @@ STYLES = {
 }
 
 
-def run(model: str, questions: int, strategies: list[str], style: str, spec_rows: int,
-        max_new_tokens: int, seed: int = 0, invariant: bool = True) -> list[dict]:
+def run(model: str, questions: int, strategies: list[str], style: str,
+        spec_rows: int | tuple[int, ...],
+        max_new_tokens: int, seed: int = 0, invariant: bool = True,
+        formats: tuple[str, ...] = ("fp32",)) -> list[dict]:
+    from kvedge.bench.answer_metrics import qa_scores
     from kvedge.bench.real.hotpotqa import hotpot_fixed_items
     from kvedge.bench.suites import Bench
     from kvedge.edge.strategies import get_strategy
@@ -40,12 +47,16 @@ def run(model: str, questions: int, strategies: list[str], style: str, spec_rows
         q = item.questions[0]
         composed = bench.engine.compose(segments, q.text, STYLES[style] or q.instruction)
         for name in strategies:
-            for spec in (0, spec_rows):
-                scheduler.spec_rows = spec
-                start = time.perf_counter()
-                *_, stats = bench.engine.answer(composed, get_strategy(name), max_new_tokens)
-                rows.append({**stats, "strategy": name, "spec_rows": spec, "item": item.key,
-                             "answer_s": time.perf_counter() - start})
+            for fmt in formats:
+                bench.engine.rt.use_decode_weights(fmt)  # the scheduler is idle between answers
+                for spec in (0, *((spec_rows,) if isinstance(spec_rows, int) else spec_rows)):
+                    scheduler.spec_rows = spec
+                    start = time.perf_counter()
+                    *_, stats = bench.engine.answer(composed, get_strategy(name), max_new_tokens)
+                    rows.append({**stats, **qa_scores(stats["answer"], q.answers),
+                                 "strategy": name, "weights": fmt, "spec_rows": spec,
+                                 "item": item.key, "answer_s": time.perf_counter() - start})
+    bench.engine.rt.use_decode_weights(formats[0])
     return rows
 
 
@@ -53,22 +64,29 @@ def summary(rows: list[dict]) -> list[str]:
     def med(values):
         return statistics.median(values) if values else float("nan")
 
-    out = ["| strategy | drafts | TTFT s | TPOT ms | whole answer s | tokens | tokens/step "
-           "| accepted/drafted | answers changed |", "|---|---|---|---|---|---|---|---|---|"]
-    plain = {(r["strategy"], r["item"]): r for r in rows if r["spec_rows"] == 0}
+    out = ["| strategy | weights | drafts | TTFT s | TPOT ms | whole answer s | tokens "
+           "| tokens/step | accepted/drafted | F1 | answers changed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    modes = list(dict.fromkeys((r.get("weights", "fp32"), r["spec_rows"]) for r in rows))
+    plain = {(r["strategy"], r["item"]): r for r in rows
+             if (r.get("weights", "fp32"), r["spec_rows"]) == modes[0]}
     for name in dict.fromkeys(r["strategy"] for r in rows):
-        for spec in dict.fromkeys(r["spec_rows"] for r in rows):
-            sel = [r for r in rows if r["strategy"] == name and r["spec_rows"] == spec]
+        for fmt, spec in modes:
+            sel = [r for r in rows if r["strategy"] == name and r["spec_rows"] == spec
+                   and r.get("weights", "fp32") == fmt]
             tokens = sum(r["tokens"] for r in sel)
             steps = sum(r["decode_steps"] for r in sel)
             drafted = sum(r["drafted"] for r in sel)
             changed = sum(r["answer"] != plain[name, r["item"]]["answer"] for r in sel)
+            f1 = [r["f1"] for r in sel if r.get("f1") is not None]
             out.append(
-                f"| {name} | {spec or 'off'} | {med([r['first_token_s'] for r in sel]):.2f} "
+                f"| {name} | {fmt} | {spec or 'off'} "
+                f"| {med([r['first_token_s'] for r in sel]):.2f} "
                 f"| {med([r['tpot_s'] for r in sel if r['tokens'] > 1]) * 1e3:.0f} "
                 f"| {med([r['answer_s'] for r in sel]):.2f} | {tokens / len(sel):.1f} "
                 f"| {(steps + sum(r['accepted'] for r in sel)) / max(steps, 1):.2f} "
-                f"| {sum(r['accepted'] for r in sel)}/{drafted} | {changed}/{len(sel)} |")
+                f"| {sum(r['accepted'] for r in sel)}/{drafted} "
+                f"| {sum(f1) / len(f1) if f1 else float('nan'):.3f} | {changed}/{len(sel)} |")
     return out
 
 
@@ -83,8 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--questions", type=int, default=30)
     ap.add_argument("--strategies", default="recompute,epic")
     ap.add_argument("--style", choices=sorted(STYLES), default="sentence")
-    ap.add_argument("--spec-rows", type=int, default=8)
+    ap.add_argument("--spec-rows", default="8",
+                    help="draft rows for the 'on' modes; comma-separated for several (4,8)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--decode-weights", default="fp32",
+                    help="comma-separated decode-weight formats, each run with drafts off and "
+                    "on; changed answers count against the first (e.g. fp32,int8)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-batch-invariant", dest="invariant", action="store_false",
                     help="unpadded steps (`kvedge serve --no-batch-invariant`): drafts then "
@@ -93,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args.model, args.questions, args.strategies.split(","), args.style,
-               args.spec_rows, args.max_new_tokens, invariant=args.invariant)
+               tuple(int(n) for n in args.spec_rows.split(",")), args.max_new_tokens,
+               invariant=args.invariant,
+               formats=tuple(args.decode_weights.split(",")))
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r, default=str) + "\n" for r in rows)

@@ -8,7 +8,7 @@ import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, RegistryChoice
 from kvedge.common.config import configurable
-from kvedge.common.model.models import DEFAULT_MODEL
+from kvedge.common.model.models import DECODE_WEIGHTS, DEFAULT_MODEL
 from kvedge.common.net.tls import ca_option, server_options
 from kvedge.edge import DEFAULT_SESSION_BYTES, DEFAULT_STRATEGY
 
@@ -85,6 +85,10 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
               help="rows a decode step may fill with draft tokens copied from the prompt "
               "(prompt-lookup speculation; greedy answers unchanged) [default: 8; 0 = off]")
+@click.option("--decode-weights", type=click.Choice(DECODE_WEIGHTS), default="fp32", show_default=True,
+              help="weights the decode steps after an answer's first token read: fp32 (the "
+              "exact runtime's) or int8 (one byte per weight, one scale per row: faster "
+              "decode on CPU, answers judged by agreement, not bit-exact; docs/serving.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "
@@ -113,7 +117,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
               top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
-              sync_interval, cache_bytes, prefetch, fetch_or_compute, session_bytes,
+              decode_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, session_bytes,
               http_address, metrics_address,
               tls_mode, tls_cert, tls_key,
               tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
@@ -164,7 +168,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
                         prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
                         max_queue=max_queue, batch_invariant=batch_invariant,
                         session_bytes=session_bytes, spec_rows=spec_rows,
-                        fetch_or_compute=fetch_or_compute)
+                        fetch_or_compute=fetch_or_compute, decode_weights=decode_weights)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,

@@ -92,7 +92,9 @@ class EdgeEngine:
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
     `batch_invariant` an answer is the same whatever shares its steps
     (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
-    rows a step from their prompt (default SPEC_ROWS; 0 = off). `ask` (the services)
+    rows a step from their prompt (default SPEC_ROWS; 0 = off); `decode_weights` "int8"
+    makes the steps after the first token read weight-only int8 copies (faster, not
+    bit-exact: kvedge.common.model.quant). `ask` (the services)
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
     runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
@@ -108,13 +110,14 @@ class EdgeEngine:
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
                  spec_rows: int | None = None, fetch_or_compute: bool = False,
-                 stream: bool = True):
+                 stream: bool = True, decode_weights: str = "fp32"):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.fetcher, self.prefetcher = fetcher, prefetcher
         self.stream = stream  # a missing pack decoded while it arrives (False: after)
         self.rt = Runtime(loaded)
+        self.rt.use_decode_weights(decode_weights)
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
         self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant,

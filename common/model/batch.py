@@ -23,6 +23,7 @@ from kvedge.common.model.attention import visible
 from kvedge.common.errors import CacheError
 from kvedge.common.model.decoding import Decoding
 from kvedge.common.model.kvcache import LayerKV
+from kvedge.common.model.quant import linear
 from kvedge.common.model.runtime import Runtime, rms_norm
 
 # CPU BLAS (MKL/oneDNN) rounds a row differently by the kernel that computes it: one row is a
@@ -44,6 +45,13 @@ ROW_MULTIPLE = 4
 # drafts up to 7 tokens, a batch of 4 one each, a batch of 8 or more none — speculation
 # never makes a batched step dearer than the padding already does.
 SPEC_ROWS = 8
+
+
+def row_multiple(rt: Runtime, invariant: bool) -> int:
+    """The row count a step pads to: ROW_MULTIPLE for batch-invariant fp32 steps; 1 when
+    invariance is not asked for, or when the step reads int8 weights, whose kernel rounds
+    every row the same whatever the count (`kvedge.common.model.quant`)."""
+    return ROW_MULTIPLE if invariant and rt.decode_format == "fp32" else 1
 
 
 @torch.no_grad()
@@ -121,7 +129,7 @@ def decode_logits(rt: Runtime, ids: torch.Tensor, pos: torch.Tensor, states: lis
     past = [int(p) >= s.cache.extent.end for p, s in zip(pos.tolist(), states)]
     undo: list = []
     try:
-        for i, w in enumerate(rt.layers):
+        for i, w in enumerate(rt.decode_layers):  # the model's weights, or int8 copies
             q, k, v = rt.qkv(w, rms_norm(x, w.ln1, rt.eps))     # (Hq|Hkv, rows, D)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             attn = [(_attend_past if fast else _attend_within)(rt, i, s.cache[i], *one, undo)
@@ -133,7 +141,7 @@ def decode_logits(rt: Runtime, ids: torch.Tensor, pos: torch.Tensor, states: lis
         for restore in reversed(undo):
             restore()
         raise
-    return F.linear(rms_norm(x, rt.final_norm, rt.eps), rt.lm_head)[:n]  # padding dropped
+    return linear(rms_norm(x, rt.final_norm, rt.eps), rt.decode_head)[:n]  # padding dropped
 
 
 def _attend_past(rt: Runtime, i: int, layer: LayerKV, pos: torch.Tensor, q: torch.Tensor,

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
 from kvedge.common.model.attention import OwnKV
 from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
+from kvedge.common.model.quant import decode_weights, linear
 from kvedge.common.model.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -161,6 +162,18 @@ class Runtime:
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm.weight
         self.lm_head = model.lm_head.weight
+        self._decode: dict[str, tuple] = {}  # decode weights by format, built once each
+        self.use_decode_weights("fp32")
+
+    def use_decode_weights(self, fmt: str) -> None:
+        """What decode steps (`batch.decode_step`) read: the model's own weights ("fp32") or
+        weight-only int8 copies ("int8", `kvedge.common.model.quant`). Prefill and
+        recompute always read the model's own. Set it between steps (the scheduler's thread
+        reads it per step)."""
+        if fmt not in self._decode:
+            self._decode[fmt] = decode_weights(self.layers, self.lm_head, fmt)
+        self.decode_layers, self.decode_head = self._decode[fmt]
+        self.decode_format = fmt
 
     @property
     def dtype(self):
@@ -181,9 +194,9 @@ class Runtime:
     def qkv(self, w: LayerWeights, h: torch.Tensor):
         """h (N, hidden) normed → pre-RoPE q (Hq, N, D), k (Hkv, N, D), v (Hkv, N, D)."""
         n = h.shape[0]
-        q = F.linear(h, w.wq, w.bq).view(n, self.n_heads, self.head_dim)
-        k = F.linear(h, w.wk, w.bk).view(n, self.n_kv, self.head_dim)
-        v = F.linear(h, w.wv, w.bv).view(n, self.n_kv, self.head_dim)
+        q = linear(h, w.wq, w.bq).view(n, self.n_heads, self.head_dim)
+        k = linear(h, w.wk, w.bk).view(n, self.n_kv, self.head_dim)
+        v = linear(h, w.wv, w.bv).view(n, self.n_kv, self.head_dim)
         if w.q_norm is not None:  # Qwen3: RMSNorm over each head vector, before RoPE
             q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
@@ -221,9 +234,9 @@ class Runtime:
 
     def post_attention(self, w: LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """x (N, hidden) + o_proj(attn (N, Hq·D)), then the MLP's residual → (N, hidden)."""
-        x = x + F.linear(attn, w.wo)
+        x = x + linear(attn, w.wo)
         h = rms_norm(x, w.ln2, self.eps)
-        return x + F.linear(self.act(F.linear(h, w.w_gate)) * F.linear(h, w.w_up), w.w_down)
+        return x + linear(self.act(linear(h, w.w_gate)) * linear(h, w.w_up), w.w_down)
 
     @staticmethod
     def write_kv(cache: LayerKV, run: "Tokens", k, v, store, undo: list,

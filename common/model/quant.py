@@ -1,0 +1,97 @@
+"""Weight-only int8 for the decode step: each 2-D weight read as one byte, not four.
+
+A decode step on a CPU is bound by reading the weights (docs/serving.md: ~14 GB/s over fp32
+weights, 65 % of a SmolLM2 step in `F.linear`). `Int8Weight` keeps a weight as int8 with one
+scale per output row — symmetric round-to-nearest, w ≈ q · s with s = max|w_row| / 127 (the
+per-channel scheme of LLM.int8()'s vector-wise quantization, Dettmers et al., 2022, Sec. 3,
+without its outlier decomposition) — and multiplies with torch's CPU kernel for it
+(`aten._weight_int8pack_mm`, the one gpt-fast's int8 mode calls), which reads the bytes and
+dequantizes in registers.
+
+Decisions, and why:
+- **Decode only.** Prefill and recompute keep the fp32 weights: they are compute-bound (many
+  rows), the cloud's packs are made with fp32 weights, and the runtime's full recompute stays
+  bit-equal to transformers. Only the steps after the first token read int8, so a prompt's
+  K/V and first token are the exact runtime's; the answer's later tokens are judged by how
+  often they agree with fp32 decode (`bench/decode_speed.py --agreement`), not bit for bit.
+- **Activations in bf16.** The kernel takes bf16, fp16 or fp32 activations, but on this
+  torch only bf16 runs its fast path (fp32 and fp16 were 6–15× slower than fp32 `F.linear`
+  in a side-by-side check); its output is bf16 too. The result is cast back to the
+  runtime's dtype before the residual add, so the residual stream, norms, RoPE and
+  attention stay fp32 and only each matmul's inputs and outputs are rounded to bf16.
+- **Per-row scales, no groups.** The kernel has one scale per output row; an int8 row with
+  127 levels keeps ~0.4 % of its largest weight as its step, below bf16's own rounding of
+  the activations. Group-wise int4 (`_weight_int4pack_mm_for_cpu`) halves the bytes again
+  but measured no faster per row on two cores here, and loses more.
+- **Row-invariant.** The kernel gives each row the same bits whatever the row count (checked
+  1–16 rows in tests), so steps with int8 weights are batch-invariant without padding rows.
+- **Fallback.** The kernel needs K (the input width) a multiple of 8 (it crashed the process
+  at K = 4 and 20) and a CPU tensor; any other weight keeps the dequantized torch reference,
+  the same numbers up to the summation order.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from kvedge.common.model.models import DECODE_WEIGHTS as FORMATS
+
+
+class Int8Weight:
+    """A 2-D weight (out, in) as int8 `q` with one bf16 scale per output row; called as
+    `F.linear(x, w, bias)` is, for x (..., in) of any float dtype → (..., out) in x's dtype."""
+
+    def __init__(self, weight: torch.Tensor):
+        w = weight.detach().to(torch.float32)
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        self.scale = scale.to(torch.bfloat16)  # the kernel's dtype; q is rounded against it
+        self.q = torch.round(w / self.scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        self.shape = weight.shape
+        self.fast = self.q.device.type == "cpu" and self.shape[1] % 8 == 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + 2 * self.scale.numel()
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this stands for, fp32 (out, in): q · s."""
+        return self.q.float() * self.scale.float()[:, None]
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        flat = x.reshape(-1, self.shape[1]).to(torch.bfloat16)
+        if self.fast:
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
+        else:
+            y = reference(flat, self)
+        y = y.to(x.dtype).view(*x.shape[:-1], self.shape[0])
+        return y if bias is None else y + bias
+
+
+def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """The torch reference of the kernel: bf16 x (N, in) times the dequantized weight, summed
+    in fp32, rounded to bf16 → (N, out)."""
+    return F.linear(x.float(), w.dequantized()).to(torch.bfloat16)
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` over a plain weight tensor, or the weight's own product (an Int8Weight)."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    return weight(x, bias)
+
+
+_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def decode_weights(layers: list, lm_head: torch.Tensor, fmt: str) -> tuple[list, object]:
+    """The layers (runtime.LayerWeights) and LM head a decode step reads in `fmt`: the same
+    objects for fp32; for int8 copies whose 2-D weights are Int8Weight (norms, biases and
+    the embedding stay as they are)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"decode weights {fmt!r}: choose one of {FORMATS}")
+    if fmt == "fp32":
+        return layers, lm_head
+    return ([dataclasses.replace(w, **{m: Int8Weight(getattr(w, m)) for m in _MATRICES})
+             for w in layers], Int8Weight(lm_head))

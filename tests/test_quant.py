@@ -1,0 +1,134 @@
+"""Weight-only int8 decode (common/model/quant.py): the kernel against its torch reference,
+row invariance (what lets int8 steps drop the padding rows), prefill untouched, and the
+served path with `decode_weights="int8"` on tiny random models."""
+import pytest
+import torch
+
+from conftest import TINY, tiny_runtime
+from kvedge.common.model.batch import decode_logits, decode_step, row_multiple
+from kvedge.common.model.quant import Int8Weight, linear, reference
+from kvedge.edge.sync import Target
+from test_batching import (QUESTIONS, REQUESTS, comparable, concurrently, loaded,  # noqa: F401
+                           make_engine, started, state)
+
+
+def weight(out_features, in_features, seed=0):
+    return torch.randn(out_features, in_features,
+                       generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+@pytest.mark.parametrize("shape", [(320, 64), (64, 128), (37, 24), (1536, 576)])
+def test_the_kernel_equals_its_torch_reference_to_bf16_rounding(shape):
+    w = Int8Weight(weight(*shape))
+    assert w.fast
+    x = torch.randn(5, shape[1], generator=torch.Generator().manual_seed(1))
+    want = reference(x.to(torch.bfloat16), w).float()
+    got = w(x)
+    assert got.dtype == torch.float32 and got.shape == (5, shape[0])
+    # the two sum in different orders, each output rounded once to bf16 (8 bits)
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)
+
+
+def test_a_row_is_its_weight_to_half_a_step_of_its_scale():
+    w = weight(64, 128)
+    q = Int8Weight(w)
+    step = q.scale.float()[:, None]
+    assert bool(((q.dequantized() - w).abs() <= step / 2 + 1e-7).all())
+    assert q.q.dtype == torch.int8 and int(q.q.abs().max()) <= 127
+    assert q.nbytes == 64 * 128 + 2 * 64  # a byte a weight and a bf16 scale a row
+
+
+def test_widths_the_kernel_cannot_take_use_the_reference():
+    """The kernel needs an input width divisible by 8 (it crashed the process at 4 and 20)."""
+    w = Int8Weight(weight(16, 20))
+    assert not w.fast
+    x = torch.randn(3, 20)
+    assert torch.equal(w(x), reference(x.to(torch.bfloat16), w).float())
+
+
+def test_bias_and_leading_dimensions_are_kept():
+    w, bias = weight(32, 64), torch.randn(32)
+    x = torch.randn(2, 3, 64)
+    got = linear(x, Int8Weight(w), bias)
+    assert got.shape == (2, 3, 32)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias), rtol=0.05, atol=0.05)
+    assert torch.equal(linear(x, w, bias), torch.nn.functional.linear(x, w, bias))
+
+
+@pytest.mark.parametrize("shape", [(320, 64), (64, 128), (1536, 576)])
+def test_each_row_gets_the_same_bits_whatever_the_row_count(shape):
+    w = Int8Weight(weight(*shape))
+    x = torch.randn(24, shape[1], generator=torch.Generator().manual_seed(2))
+    full = w(x)
+    for rows in range(1, 25):
+        assert torch.equal(w(x[:rows]), full[:rows])
+        assert torch.equal(w(x[rows - 1:rows]), full[rows - 1:rows])
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_int8_decode_is_batch_invariant_unpadded_and_close_to_fp32(name):
+    """An int8 step pads nothing (row_multiple 1) yet each request's logits are the same bits
+    alone as in a batch; they stay near the fp32 step's; prefill still reads fp32."""
+    rt = tiny_runtime(name)
+    prompt = torch.arange(1, 20)
+    before = rt.prefill(prompt).logits
+    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    ids = torch.tensor([s.token for s in batch])
+    pos = torch.tensor([s.next_position() for s in batch])
+    exact = [decode_logits(rt, ids[i:i + 1], pos[i:i + 1],
+                           [started(rt, kind, n, i)], row_multiple=1)[0]
+             for i, (kind, n) in enumerate(REQUESTS)]
+    rt.use_decode_weights("int8")
+    assert row_multiple(rt, invariant=True) == 1
+    together = decode_logits(rt, ids, pos, batch, row_multiple=1)
+    for i, (kind, n) in enumerate(REQUESTS):
+        alone = decode_logits(rt, ids[i:i + 1], pos[i:i + 1], [started(rt, kind, n, i)], 1)[0]
+        assert torch.equal(alone, together[i])
+        # random weights: only "close" (int8 steps, bf16 rounding), relative to their spread
+        assert float((alone - exact[i]).abs().max()) < 0.1 * float(exact[i].std())
+    assert torch.equal(rt.prefill(prompt).logits, before)
+    rt.use_decode_weights("fp32")
+    assert row_multiple(rt, invariant=True) > 1
+    assert rt.decode_layers is rt.layers and rt.decode_head is rt.lm_head
+
+
+def test_int8_steps_alone_equal_steps_in_a_batch():
+    rt = tiny_runtime("tiny-mistral")
+    rt.use_decode_weights("int8")
+    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    together = [decode_step(rt, batch, 1, spec_rows=8) for _ in range(8)]
+    for i, (kind, n) in enumerate(REQUESTS):
+        state = started(rt, kind, n, i)
+        assert [decode_step(rt, [state], 1)[0] for _ in range(8)] == [t[i] for t in together]
+
+
+def test_unknown_format_is_refused():
+    rt = tiny_runtime("tiny-llama")
+    with pytest.raises(ValueError, match="int8"):
+        rt.use_decode_weights("int3")
+
+
+def test_served_int8_answers_are_the_same_alone_and_batched(loaded, state):
+    """`EdgeEngine(decode_weights="int8")`: its steps pad nothing, yet concurrent answers
+    equal the same questions asked one at a time."""
+    engine = make_engine(loaded, state, decode_weights="int8")
+
+    def ask(question):
+        return comparable(list(engine.ask(Target("default", "facts"), question,
+                                          max_new_tokens=12)))
+
+    try:
+        assert engine.rt.decode_format == "int8"
+        alone = [ask(q) for q in QUESTIONS]
+        assert concurrently(ask, QUESTIONS) == alone
+    finally:
+        engine.close()
+
+
+def test_serve_offers_the_formats_and_refuses_others():
+    from click.testing import CliRunner
+
+    from kvedge.edge.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--kb", "x", "--decode-weights", "int4"])
+    assert result.exit_code == 2 and "'fp32'" in result.output and "'int8'" in result.output
