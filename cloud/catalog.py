@@ -8,6 +8,8 @@ file on a local disk, not a network filesystem.
 """
 from __future__ import annotations
 
+import hashlib
+
 import json
 import sqlite3
 import threading
@@ -273,6 +275,21 @@ class Catalog:
                 "SELECT idx, pack_id, pack_bytes, n_tokens, source FROM segments "
                 "WHERE kb_id=? AND variant=? ORDER BY idx", (kb, variant))]
             return rec
+
+    def version(self, namespace: str, name: str, variant: str = BASE) -> str:
+        """A tag that changes whenever `get(namespace, name, variant)` would read anything new,
+        read without its segments (GetKB's etag). Every write stamps `updated` with the time,
+        on the KB and on the variant it touches, and the tag covers every variant's status
+        (`get` lists them all) and the KB's row id (a KB removed and made again)."""
+        with self._lock:
+            db = self._db
+            kb = self._kb_id(db, namespace, name)
+            (updated,) = db.execute("SELECT updated FROM kbs WHERE id=?", (kb,)).fetchone()
+            rows = db.execute("SELECT variant, status, done, total, updated FROM variants "
+                              "WHERE kb_id=? ORDER BY variant", (kb,)).fetchall()
+        if variant not in {r[0] for r in rows}:
+            self.get(namespace, name, variant)  # its NotFound names the variants there are
+        return hashlib.sha256(repr((kb, updated, rows)).encode()).hexdigest()[:32]
 
     def names(self, namespaces: list[str] | None) -> list[tuple[str, str]]:
         """(namespace, name) of every KB, restricted to `namespaces` (None = all)."""

@@ -231,6 +231,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
     # ------------------------------------------------------------------ catalog
 
     def _info(self, ns: str, name: str, variant: str = BASE) -> pb.KBInfo:
+        etag = self.catalog.version(ns, name, variant)  # first: a change after it shows next time
         rec = self.catalog.get(ns, name, variant)
         status = rec.variants[variant]
         return pb.KBInfo(
@@ -238,7 +239,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             model_fingerprint=rec.model_fingerprint, n_files=len(rec.files),
             n_tokens=rec.n_tokens, mode=rec.mode, updated=status["updated"], variant=variant,
             variants=sorted(rec.variants), segments_done=status["done"],
-            segments_total=status["total"],
+            segments_total=status["total"], etag=etag,
             segments=[pb.SegmentInfo(index=s.idx, pack_id=s.pack_id, pack_bytes=s.pack_bytes,
                                      n_tokens=s.n_tokens, source=s.source,
                                      fp16_bytes=rec.kv_shape.fp16_bytes(s.n_tokens))
@@ -246,7 +247,14 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
 
     @rpc_errors
     def GetKB(self, request, context):
+        """The KB's listing; only its etag while it still equals the caller's if_none_match
+        (an edge polls every few seconds, and a 20,000-segment listing is megabytes)."""
         self._authorized(context, request.namespace, request.kb)
+        if request.if_none_match:
+            etag = self.catalog.version(request.namespace, request.kb, request.variant)
+            if etag == request.if_none_match:
+                return pb.KBInfo(namespace=request.namespace, kb=request.kb,
+                                 variant=request.variant, etag=etag, not_modified=True)
         return self._info(request.namespace, request.kb, request.variant)
 
     @rpc_errors

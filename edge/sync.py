@@ -105,6 +105,7 @@ class Syncer:
         self.detokenize = detokenize
         self.last_error: str | None = None
         self._locals: dict[Target, tuple[tuple[int, int], dict]] = {}  # see `local`
+        self._etags: dict[Target, str] = {}  # the GetKB etag each local manifest is current with
         self.transform_bytes = 0  # since start (edge.metrics reports it with the fetcher's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,11 +147,12 @@ class Syncer:
                 for seg in (self.local(target) or {"segments": []})["segments"]}
 
     def _sync(self, target: Target, whole: bool) -> int:
-        info = self.client.get_kb(target.namespace, target.kb, target.variant)
-        if not info.segments:
-            return 0  # still ingesting for the first time
+        info = self._listing(target, whole)
+        if info is None or not info.segments:
+            return 0  # unchanged since the last sync, or still ingesting for the first time
         old = self.local(target)
         if self._current(old, info, whole):
+            self._etags[target] = info.etag
             return 0
         count = self._fetch_all(target.namespace, info.segments) if whole else 0
         known = {s["pack_id"]: s for s in old["segments"] if _indexed(s)} \
@@ -167,14 +169,35 @@ class Syncer:
                      "transforms": sorted(transforms), "segments": segments})
         log.info("synced %s: %d segments (%d packs fetched%s)", target.key, len(segments), count,
                  "" if whole else "; the others on demand")
+        self._etags[target] = info.etag
         return count
 
+    def _listing(self, target: Target, whole: bool):
+        """The cloud's KBInfo for `target`, or None where the KB has not changed since the
+        local manifest was last found current (its etag) and that manifest is still complete
+        here: the gateway then sends a few bytes instead of every segment."""
+        etag = self._etags.get(target)
+        if etag:
+            info = self.client.get_kb(target.namespace, target.kb, target.variant,
+                                      if_none_match=etag)
+            if not info.not_modified:
+                return info
+            old = self.local(target)
+            if old and self._complete(old, whole):
+                return None
+            self._etags.pop(target)  # e.g. a pinned pack went bad here: list it whole again
+        return self.client.get_kb(target.namespace, target.kb, target.variant)
+
     def _current(self, old: dict | None, info, whole: bool) -> bool:
-        """The local manifest names the cloud's packs and its transforms are installed (and,
-        for a KB served whole, every pack is cached)."""
+        """The local manifest names the cloud's packs and is complete here (`_complete`)."""
         return bool(old) and old["fingerprint"] == info.model_fingerprint \
             and [s["pack_id"] for s in old["segments"]] == [s.pack_id for s in info.segments] \
-            and (not whole or all(self.cache.has(s.pack_id) for s in info.segments)) \
+            and self._complete(old, whole)
+
+    def _complete(self, old: dict, whole: bool) -> bool:
+        """The manifest's transforms are installed and every segment indexed (and, for a KB
+        served whole, every pack is cached)."""
+        return (not whole or all(self.cache.has(s["pack_id"]) for s in old["segments"])) \
             and self._transforms_present(old) and all(map(_indexed, old["segments"]))
 
     def _fetch_all(self, namespace: str, segments) -> int:

@@ -74,8 +74,12 @@ class CloudClient(RpcClient):
         reply = self._call(self.stub.Upload, stream(), timeout=600)
         return UploadResult(reply.files_received, reply.files_skipped, skipped, reply.status)
 
-    def get_kb(self, namespace: str, kb: str, variant: str = "") -> pb.KBInfo:
-        return self._call(self.stub.GetKB, pb.KBRef(namespace=namespace, kb=kb, variant=variant))
+    def get_kb(self, namespace: str, kb: str, variant: str = "",
+               if_none_match: str = "") -> pb.KBInfo:
+        """The KB's listing; with `if_none_match` (an etag from an earlier reply) only
+        `not_modified` and the etag while the KB has not changed."""
+        return self._call(self.stub.GetKB, pb.KBRef(namespace=namespace, kb=kb, variant=variant,
+                                                    if_none_match=if_none_match))
 
     def list_kbs(self, namespace: str = "") -> list[pb.KBInfo]:
         return list(self._call(self.stub.ListKBs, pb.ListKBsRequest(namespace=namespace)).kbs)

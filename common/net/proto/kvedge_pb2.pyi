@@ -95,14 +95,16 @@ class UploadReply(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., files_received: _Optional[int] = ..., files_skipped: _Optional[int] = ..., status: _Optional[str] = ...) -> None: ...
 
 class KBRef(_message.Message):
-    __slots__ = ("namespace", "kb", "variant")
+    __slots__ = ("namespace", "kb", "variant", "if_none_match")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KB_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
+    IF_NONE_MATCH_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     kb: str
     variant: str
-    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., variant: _Optional[str] = ...) -> None: ...
+    if_none_match: str
+    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., variant: _Optional[str] = ..., if_none_match: _Optional[str] = ...) -> None: ...
 
 class SegmentInfo(_message.Message):
     __slots__ = ("index", "pack_id", "pack_bytes", "n_tokens", "source", "fp16_bytes")
@@ -121,7 +123,7 @@ class SegmentInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., pack_id: _Optional[str] = ..., pack_bytes: _Optional[int] = ..., n_tokens: _Optional[int] = ..., source: _Optional[str] = ..., fp16_bytes: _Optional[int] = ...) -> None: ...
 
 class KBInfo(_message.Message):
-    __slots__ = ("namespace", "kb", "status", "error", "model_fingerprint", "n_files", "n_tokens", "segments", "variants", "mode", "updated", "variant", "segments_done", "segments_total")
+    __slots__ = ("namespace", "kb", "status", "error", "model_fingerprint", "n_files", "n_tokens", "segments", "variants", "mode", "updated", "variant", "segments_done", "segments_total", "etag", "not_modified")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KB_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,8 @@ class KBInfo(_message.Message):
     VARIANT_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_DONE_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    NOT_MODIFIED_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     kb: str
     status: str
@@ -150,7 +154,9 @@ class KBInfo(_message.Message):
     variant: str
     segments_done: int
     segments_total: int
-    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., n_files: _Optional[int] = ..., n_tokens: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., variants: _Optional[_Iterable[str]] = ..., mode: _Optional[str] = ..., updated: _Optional[float] = ..., variant: _Optional[str] = ..., segments_done: _Optional[int] = ..., segments_total: _Optional[int] = ...) -> None: ...
+    etag: str
+    not_modified: bool
+    def __init__(self, namespace: _Optional[str] = ..., kb: _Optional[str] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., n_files: _Optional[int] = ..., n_tokens: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., variants: _Optional[_Iterable[str]] = ..., mode: _Optional[str] = ..., updated: _Optional[float] = ..., variant: _Optional[str] = ..., segments_done: _Optional[int] = ..., segments_total: _Optional[int] = ..., etag: _Optional[str] = ..., not_modified: _Optional[bool] = ...) -> None: ...
 
 class ListKBsRequest(_message.Message):
     __slots__ = ("namespace",)
