@@ -8,7 +8,7 @@ and not PackCorrupt (docs/design.md, decision 10). Cached packs answer with the 
 question needing a pack that cannot be fetched fails with PackUnavailable, naming them. With
 fetch-or-compute on (`kvedge serve`'s default), a missing segment whose text the edge can
 prefill sooner than its pack would arrive is computed on the edge instead
-(`edge.fetch_or_compute`).
+(`edge.fetch_or_compute`), and so is one whose fetch fails with the cloud unreachable.
 """
 from __future__ import annotations
 
@@ -391,8 +391,26 @@ class EdgeEngine:
         if self.stream and self.fetcher is not None and len(fetch) > 1:  # joined by _read
             self.fetcher.fetch_in_order(target.namespace, [m["pack_id"] for m in fetch], decode)
         segments = [local[m["pack_id"]] if m["pack_id"] in local
-                    else self._read(target, m, read, fetch, decode) for m in metas]
-        return segments, Sourced(fetch, [m for m in missing if m["pack_id"] in local])
+                    else self._read_or_compute(target, m, read, fetch, decode, local)
+                    for m in metas]
+        return segments, Sourced([m for m in fetch if m["pack_id"] not in local],
+                                 [m for m in missing if m["pack_id"] in local])
+
+    def _read_or_compute(self, target: Target, meta: dict, read, missing: list[dict],
+                         decode: bool, local: dict):
+        """`_read`, or — where its fetch fails with the cloud unreachable and this edge can
+        prefill the segment (fetch-or-compute on, its token ids synced) — the segment
+        computed here, added to `local`: a KB served on demand keeps answering with the
+        cloud down, at local prefill's cost, as a pinned KB does from its disk."""
+        try:
+            return self._read(target, meta, read, missing, decode)
+        except PackUnavailable as err:
+            if self.local is None or "token_ids" not in meta:
+                raise
+            log.warning("%s: fetching %s failed (%s); computing it on this edge instead",
+                        target.key, _named([meta]), err.__cause__ or err)
+            local[meta["pack_id"]] = self.local.segment(target.namespace, meta)
+            return local[meta["pack_id"]]
 
     def _computed(self, target: Target, missing: list[dict]) -> dict:
         """pack id → LocalSegment for each missing segment the edge computes sooner than it

@@ -225,3 +225,28 @@ def test_always_fetch_is_the_engines_default_and_a_serve_flag():
 
     out = CliRunner().invoke(main, ["serve", "--help"]).output
     assert "--fetch-or-compute / --always-fetch" in out
+
+
+def test_with_the_cloud_unreachable_a_missing_segment_is_computed(cloud, tmp_path, caplog):
+    """The edge chose to fetch (a measured link, a slow prefill), but the fetch fails: the
+    segment is prefilled here instead, and the answer is the one the lossless packs give."""
+    with edge(cloud, tmp_path / "exact") as fetching:
+        want = ask(fetching, QUESTIONS[3])
+    with edge(cloud, tmp_path / "down", fetch_or_compute=True) as e:
+        ready(e)
+        ask(e, QUESTIONS[0], top_k=1)  # measures the link
+        e.engine.local.meter.clear()
+        e.engine.local.meter.add(24, 1.0)  # prefill "slow": fetching is the choice
+        e.engine.local.meter.add(48, 2.0)
+
+        def unreachable(*args, **kwargs):
+            raise ConnectionError("the cloud is down")
+            yield  # a generator, as the client's is
+        e.client.fetch_pack = unreachable
+        missing = {i for i in want.segments
+                   if e.local["segments"][i]["pack_id"] not in cached(e)}
+        with caplog.at_level(logging.WARNING, "kvedge.edge"):
+            done = ask(e, QUESTIONS[3])
+    assert missing and set(done.computed_segments) == missing and not done.fetched_segments
+    assert (done.answer, done.segments) == (want.answer, want.segments)
+    assert "the cloud is down); computing it on this edge instead" in caplog.text
