@@ -28,11 +28,13 @@ from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.net.metrics import request_log
-from kvedge.common.net.rpc import CHUNK, principal, rpc_errors, serve_grpc
+from kvedge.common.net.rpc import CHUNK, MAX_HEADS, principal, rpc_errors, serve_grpc
 from kvedge.common.net.tls import ServerTLS
+from kvedge.common.pack.container import HEADER_SIZE, read_header
 
 log = logging.getLogger("kvedge.gateway")
 MIN_SEGMENT_TOKENS, MAX_SEGMENT_TOKENS = 16, 1 << 17  # a segment is cut to the model's context
+HEAD_GUESS = 32 * 1024  # bytes past the header read first for a manifest (most fit: one read)
 
 
 @dataclass
@@ -297,6 +299,27 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             with self._lock:
                 self.bytes_served += len(data)
             offset += len(data)
+
+    @rpc_errors
+    def FetchHeads(self, request, context):
+        """Each pack's header and manifest, in the order asked: what an edge's sync reads of
+        every pack of a KB it serves on demand, in one call per MAX_HEADS packs instead of a
+        ranged FetchPack each (~1.8 ms of wall time a call: a 20,000-segment sync took 36 s).
+        Every pack must be in the namespace; the first that is not ends the call."""
+        self._authorized(context, request.namespace)
+        if len(request.pack_ids) > MAX_HEADS:
+            raise BadInput(f"{len(request.pack_ids)} packs asked at once; at most {MAX_HEADS}")
+        for pack_id in request.pack_ids:
+            if request.namespace not in self.catalog.pack_namespaces(pack_id):
+                raise NotFound(f"no pack {pack_id[:16]}… in namespace {request.namespace!r}")
+            total = self.store.size(pack_id)
+            head = self.store.read(pack_id, 0, min(total, HEADER_SIZE + HEAD_GUESS))
+            end = HEADER_SIZE + read_header(head)[1]
+            if len(head) < end:
+                head += self.store.read(pack_id, len(head), end - len(head))
+            with self._lock:
+                self.bytes_served += end
+            yield pb.PackHead(pack_id=pack_id, data=head[:end], total=total)
 
     @rpc_errors
     def FetchTransform(self, request, context):

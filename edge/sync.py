@@ -6,7 +6,7 @@ transforms each pack needs, and each segment's token ids and whether its pack wa
 behind the chat prefix, for an edge that prefills a segment instead of fetching its pack:
 `edge.fetch_or_compute`). A KB served on demand (`kvedge serve --kb`) syncs only that: the
 segment texts come from each pack's header and manifest, read with a ranged fetch of the
-pack's first bytes (`Fetcher.manifest`; a few KB where the pack is MBs), and a question's
+pack's first bytes (`Fetcher.manifests`; a few KB where the pack is MBs), and a question's
 packs are fetched when it needs them (`EdgeEngine.retrieve`). Ranged reads over returning
 the texts in GetKB: the manifest is the pack's own record of its tokens, so the index needs
 no second copy of them in the catalog and GetKB, polled every sync, stays small. A KB served
@@ -30,11 +30,12 @@ from pathlib import Path
 
 from kvedge.common.fsutil import mapped, write_json_atomic
 from kvedge.common.net.auth import check_name, check_variant
+from kvedge.common.net.rpc import MAX_HEADS
 from kvedge.common.pack.container import read_manifest
 from kvedge.edge.fetcher import Fetcher, FetchStopped
 
 log = logging.getLogger("kvedge.sync")
-INDEX_FETCHES = 8  # manifests read at once when indexing a KB served on demand
+INDEX_FETCHES = 4  # FetchHeads calls (or, from an older gateway, ranged reads) at once
 INDEXED = ("text", "transforms", "token_ids", "anchored")  # what a segment's pack manifest gives
 
 
@@ -215,29 +216,35 @@ class Syncer:
         """Per pack: its segment's text (for BM25), the kvtc transforms it needs, its token
         ids (`encode_ids`: never the text tokenized again, which can give other ids) and
         whether it was prefilled behind the chat prefix — from the last local manifest, else
-        the cached pack, else the pack's first bytes fetched (`Fetcher.manifest`, a few at a
-        time)."""
+        the cached pack, else the pack's first bytes fetched (`Fetcher.manifests`: MAX_HEADS
+        packs a call, a few calls at a time)."""
         from kvedge.common.pack.codecs.kvtc import referenced_transforms
 
         index = {pid: {key: known[pid][key] for key in INDEXED}
                  for pid in dict.fromkeys(s.pack_id for s in segments) if pid in known}
         todo = [pid for pid in dict.fromkeys(s.pack_id for s in segments) if pid not in index]
-        with ThreadPoolExecutor(INDEX_FETCHES) as pool:
-            for pid, manifest in zip(todo, pool.map(lambda p: self._manifest(namespace, p), todo)):
-                index[pid] = {"text": self.detokenize(manifest.token_ids),
-                              "transforms": sorted(referenced_transforms(manifest)),
-                              "token_ids": encode_ids(manifest.token_ids),
-                              "anchored": bool(manifest.anchor)}
+        manifests = {pid: m for pid in todo if (m := self._cached_manifest(pid)) is not None}
+        todo = [pid for pid in todo if pid not in manifests]
+        batches = [todo[i:i + MAX_HEADS] for i in range(0, len(todo), MAX_HEADS)]
+        with ThreadPoolExecutor(INDEX_FETCHES) as pool:  # a few calls in flight at once
+            for got in pool.map(lambda b: self.fetcher.manifests(namespace, b), batches):
+                manifests.update(got)
+        for pid, manifest in manifests.items():
+            index[pid] = {"text": self.detokenize(manifest.token_ids),
+                          "transforms": sorted(referenced_transforms(manifest)),
+                          "token_ids": encode_ids(manifest.token_ids),
+                          "anchored": bool(manifest.anchor)}
         return index
 
-    def _manifest(self, namespace: str, pack_id: str):
+    def _cached_manifest(self, pack_id: str):
+        """A cached pack's manifest, read from its file's first bytes (None: not cached)."""
         if self.cache.has(pack_id):
             try:
                 with mapped(self.cache.path(pack_id)) as data:  # header and manifest only
                     return read_manifest(data)
             except FileNotFoundError:  # evicted meanwhile
                 pass
-        return self.fetcher.manifest(namespace, pack_id)
+        return None
 
     @property
     def transforms(self):

@@ -99,6 +99,18 @@ class CloudClient(RpcClient):
         except grpc.RpcError as err:
             self.failed(err)
 
+    def fetch_heads(self, namespace: str, pack_ids: list[str]) -> Iterator[pb.PackHead]:
+        """Each pack's header and manifest, in order (at most rpc.MAX_HEADS a call).
+        NotImplementedError where the gateway predates the call."""
+        try:
+            yield from self.stub.FetchHeads(
+                pb.FetchHeadsRequest(namespace=namespace, pack_ids=pack_ids),
+                metadata=metadata(self.token), timeout=600)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise NotImplementedError("the gateway has no FetchHeads") from None
+            self.failed(err)
+
     def fetch_transform(self, namespace: str, digest: str) -> bytes:
         """A kvtc transform file's bytes, as sent (asked in the namespace of a KB whose packs
         name it): the caller checks them against `digest` (`TransformStore.add`)."""

@@ -25,6 +25,7 @@ from kvedge.common.net.tls import ClientTLS, ServerTLS, check_listen, handshake_
 
 MAX_MESSAGE = 64 * 1024 * 1024
 CHUNK = 1024 * 1024
+MAX_HEADS = 256  # packs' first bytes one FetchHeads call asks for at most
 SHUTDOWN_GRACE = 10.0   # seconds calls in flight get to finish when a daemon stops
 OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE),
            ("grpc.max_receive_message_length", MAX_MESSAGE)]

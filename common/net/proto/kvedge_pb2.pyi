@@ -188,6 +188,24 @@ class FetchPackRequest(_message.Message):
     length: int
     def __init__(self, namespace: _Optional[str] = ..., pack_id: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
+class FetchHeadsRequest(_message.Message):
+    __slots__ = ("namespace", "pack_ids")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACK_IDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    pack_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, namespace: _Optional[str] = ..., pack_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PackHead(_message.Message):
+    __slots__ = ("pack_id", "data", "total")
+    PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    pack_id: str
+    data: bytes
+    total: int
+    def __init__(self, pack_id: _Optional[str] = ..., data: _Optional[bytes] = ..., total: _Optional[int] = ...) -> None: ...
+
 class PackChunk(_message.Message):
     __slots__ = ("offset", "data", "total")
     OFFSET_FIELD_NUMBER: _ClassVar[int]

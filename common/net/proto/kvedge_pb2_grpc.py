@@ -64,6 +64,11 @@ class CloudStub:
                 request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
                 response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
                 _registered_method=True)
+        self.FetchHeads = channel.unary_stream(
+                '/kvedge.v1.Cloud/FetchHeads',
+                request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchHeadsRequest.SerializeToString,
+                response_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackHead.FromString,
+                _registered_method=True)
         self.FetchTransform = channel.unary_stream(
                 '/kvedge.v1.Cloud/FetchTransform',
                 request_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchTransformRequest.SerializeToString,
@@ -131,6 +136,13 @@ class CloudServicer:
 
     def FetchPack(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchHeads(self, request, context):
+        """many packs' first bytes
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -204,6 +216,11 @@ def add_CloudServicer_to_server(servicer, server):
                     servicer.FetchPack,
                     request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchPackRequest.FromString,
                     response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.SerializeToString,
+            ),
+            'FetchHeads': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchHeads,
+                    request_deserializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchHeadsRequest.FromString,
+                    response_serializer=kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackHead.SerializeToString,
             ),
             'FetchTransform': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchTransform,
@@ -398,6 +415,33 @@ class Cloud:
             '/kvedge.v1.Cloud/FetchPack',
             kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchPackRequest.SerializeToString,
             kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchHeads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvedge.v1.Cloud/FetchHeads',
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.FetchHeadsRequest.SerializeToString,
+            kvedge_dot_common_dot_net_dot_proto_dot_kvedge__pb2.PackHead.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,7 @@
-"""An unchanged KB costs a poll a few bytes (issue 26): GetKB answers `not_modified` while the
-edge's etag is current, against a real gateway on loopback; a change, or a pinned pack gone
-from the edge, brings the whole listing again."""
+"""What a sync costs the link (issue 26), against a real gateway on loopback: an unchanged KB
+costs a poll a few bytes (GetKB answers `not_modified` while the edge's etag is current; a
+change, or a pinned pack gone from the edge, brings the whole listing again), and a KB served
+on demand is indexed from one FetchHeads call per 256 packs, not a ranged read each."""
 import pytest
 
 from daemons import in_process_gateway
@@ -16,11 +17,22 @@ KB = Target("default", "etag-towns")
 
 
 class Listing(CloudClient):
-    """Records each GetKB: (if_none_match sent, segments received, not_modified)."""
+    """Records each GetKB: (if_none_match sent, segments received, not_modified), each
+    FetchHeads call's pack count and each ranged FetchPack."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.calls: list[tuple[str, int, bool]] = []
+        self.heads: list[int] = []
+        self.ranged = 0
+
+    def fetch_heads(self, namespace, pack_ids):
+        self.heads.append(len(pack_ids))
+        return super().fetch_heads(namespace, pack_ids)
+
+    def fetch_pack(self, namespace, pack_id, offset=0, length=0):
+        self.ranged += bool(length)
+        return super().fetch_pack(namespace, pack_id, offset, length)
 
     def get_kb(self, namespace, kb, variant="", if_none_match=""):
         info = super().get_kb(namespace, kb, variant, if_none_match)
@@ -105,3 +117,46 @@ def test_the_catalog_version_changes_with_every_write(tmp_path):
     catalog.set_progress("ns", "kb", "snapkv-0.5", "ingesting")  # another variant shows too
     seen.append(catalog.version("ns", "kb"))
     assert len(set(seen)) == 3
+
+
+def test_a_kb_served_on_demand_is_indexed_from_one_fetch_heads_call(cloud, tmp_path):
+    client, _ = cloud
+    edge, _ = syncer(client, tmp_path)
+    client.heads.clear()
+    client.ranged = 0
+    edge.sync_once()
+    segments = edge.local(KB)["segments"]
+    assert client.heads == [len({s["pack_id"] for s in segments})] and client.ranged == 0
+    one = edge.fetcher.manifest(KB.namespace, segments[0]["pack_id"])  # a ranged read
+    assert edge.fetcher.manifests(KB.namespace, [segments[0]["pack_id"]]) == \
+        {segments[0]["pack_id"]: one}
+
+
+def test_an_older_gateway_without_fetch_heads_is_read_pack_by_pack(cloud, tmp_path):
+    client, _ = cloud
+
+    class Older(Listing):
+        def fetch_heads(self, namespace, pack_ids):
+            raise NotImplementedError("the gateway has no FetchHeads")
+            yield
+
+    older = Older(client.address, client.token)
+    try:
+        edge, _ = syncer(older, tmp_path)
+        edge.sync_once()
+        n = len(edge.local(KB)["segments"])
+        assert n > 0 and older.ranged >= len({s["pack_id"] for s in edge.local(KB)["segments"]})
+    finally:
+        older.close()
+
+
+def test_fetch_heads_refuses_too_many_packs_and_packs_of_another_namespace(cloud):
+    from kvedge.common.errors import BadInput
+    from kvedge.common.net.rpc import MAX_HEADS
+
+    client, _ = cloud
+    pid = client.get_kb(KB.namespace, KB.kb).segments[0].pack_id
+    with pytest.raises(BadInput, match="at most"):
+        list(client.fetch_heads(KB.namespace, [pid] * (MAX_HEADS + 1)))
+    with pytest.raises(NotFound, match="namespace 'other'"):
+        list(client.fetch_heads("other", [pid]))
