@@ -174,22 +174,30 @@ def _progress(echo, name: str):
 
 # ------------------------------------------------------------------ the edge
 
-def sync_in_child(state: Path, cloud: Cloud, name: str, model: str) -> float:
-    """Seconds `Syncer.sync_once` took in a child process (manifest + retrieval index)."""
+def sync_in_child(state: Path, cloud: Cloud, name: str, model: str,
+                  reads: str = "heads") -> float:
+    """Seconds `Syncer.sync_once` took in a child process (manifest + retrieval index).
+    `reads`: "heads" (FetchHeads, the edge's way) or "ranged" (a ranged FetchPack per pack,
+    as against a gateway older than FetchHeads)."""
     out = subprocess.run([sys.executable, "-m", "kvedge.bench.scale", "--sync-only",
-                          str(state), cloud.address, cloud.token, name, model],
+                          str(state), cloud.address, cloud.token, name, model, reads],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["sync_s"]
 
 
-def sync_only(state: str, address: str, token: str, name: str, model: str) -> None:
+def sync_only(state: str, address: str, token: str, name: str, model: str,
+              reads: str = "heads") -> None:
     from kvedge.common.model.models import load_model
     from kvedge.common.net.cloud_client import CloudClient
     from kvedge.edge.packcache import PackCache
     from kvedge.edge.sync import Syncer, Target
 
+    class Older(CloudClient):  # a gateway without FetchHeads, as the edge sees one
+        def fetch_heads(self, namespace, pack_ids):
+            raise NotImplementedError("no FetchHeads")
+
     loaded = load_model(model)
-    with CloudClient(address, token) as cloud:
+    with (Older if reads == "ranged" else CloudClient)(address, token) as cloud:
         cache = PackCache(Path(state) / "packs", loaded.fingerprint)
         syncer = Syncer(cloud, cache, state, [], loaded.tokenizer.decode,
                         on_demand=[Target(NAMESPACE, name)])
@@ -306,6 +314,18 @@ def run_kb(cloud: Cloud, root: Path, name: str, n_questions: int, cache_bytes: i
             "rss_bytes": rss}
 
 
+def sync_times(cloud: Cloud, root: Path, name: str, model: str) -> dict:
+    """A fresh edge's sync of the KB both ways, each into its own empty state folder:
+    FetchHeads (what an edge does) and a ranged read per pack (against an older gateway)."""
+    times = {}
+    for reads in ("heads", "ranged"):
+        state = root / f"sync-{name}-{reads}"
+        shutil.rmtree(state, ignore_errors=True)
+        times[f"sync_{reads}_s"] = sync_in_child(state, cloud, name, model, reads)
+        shutil.rmtree(state, ignore_errors=True)
+    return times
+
+
 def _latency(rows: list[tuple[float, float]]) -> dict:
     return {"n": len(rows), "p50_s": _pct([r[0] for r in rows], 50),
             "p99_s": _pct([r[0] for r in rows], 99), "ttft_p50_s": _pct([r[1] for r in rows], 50),
@@ -330,8 +350,9 @@ def run(segments: int, questions: int, cache_fraction: float, *, small: int = 10
     try:
         sizes = (small, segments) if small else (segments,)
         kbs = {size: ensure_kb(cloud, root, f"kb{size}", size, echo) for size in sizes}
-        if not questions:  # --questions 0: build (or check) the KBs only
-            return {"rows": list(kbs.values())}
+        if not questions:  # --questions 0: build (or check) the KBs, time their syncs
+            return {"rows": [{**kbs[size], **sync_times(cloud, root, f"kb{size}", model)}
+                             for size in sizes]}
         budget = int(cache_fraction * kbs[segments]["pack_bytes"])
         rows = [{**kbs[size], **run_kb(cloud, root, f"kb{size}", questions, budget, model,
                                        max_new_tokens, top_k, echo)} for size in sizes]
@@ -379,7 +400,8 @@ def main(argv: list[str] | None = None) -> None:
         return sync_only(*argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--segments", type=int, default=20000)
-    ap.add_argument("--questions", type=int, default=1000, help="0: build the KBs only")
+    ap.add_argument("--questions", type=int, default=1000,
+                    help="0: build the KBs and time their syncs only (FetchHeads and ranged)")
     ap.add_argument("--cache-fraction", type=float, default=0.05)
     ap.add_argument("--small", type=int, default=100,
                     help="segments of the reference KB (0: none)")

@@ -19,6 +19,9 @@ def test_the_scale_bench_reports_every_figure_and_keeps_disk_within_the_budget(t
     assert 0 < row["disk_max_bytes"] <= row["cache_bytes"]
     assert report["disk_within_budget"] is True and report["hit_p99_over_small"] is None
     assert "| 200 |" in scale.table(report)
+    # --questions 0 on the same data: the KB is reused, its sync timed both ways
+    [synced] = scale.run(200, 0, 0.05, small=0, data=tmp_path, echo=lambda *_: None)["rows"]
+    assert synced["ingest_s"] is None and synced["sync_heads_s"] > 0 < synced["sync_ranged_s"]
 
 
 def test_the_workload_repeats_a_hot_set_between_fresh_questions():
