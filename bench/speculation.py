@@ -49,7 +49,8 @@ def run(model: str, questions: int, strategies: list[str], style: str,
         for name in strategies:
             for fmt in formats:
                 bench.engine.rt.use_decode_weights(fmt)  # the scheduler is idle between answers
-                for spec in (0, *((spec_rows,) if isinstance(spec_rows, int) else spec_rows)):
+                for spec in dict.fromkeys((0, *((spec_rows,) if isinstance(spec_rows, int)
+                                                 else spec_rows))):
                     scheduler.spec_rows = spec
                     start = time.perf_counter()
                     *_, stats = bench.engine.answer(composed, get_strategy(name), max_new_tokens)
@@ -65,8 +66,8 @@ def summary(rows: list[dict]) -> list[str]:
         return statistics.median(values) if values else float("nan")
 
     out = ["| strategy | weights | drafts | TTFT s | TPOT ms | whole answer s | tokens "
-           "| tokens/step | accepted/drafted | F1 | answers changed |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| tokens/step | accepted/drafted | F1 | F1 − first mode [95 % CI] | answers changed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     modes = list(dict.fromkeys((r.get("weights", "fp32"), r["spec_rows"]) for r in rows))
     plain = {(r["strategy"], r["item"]): r for r in rows
              if (r.get("weights", "fp32"), r["spec_rows"]) == modes[0]}
@@ -86,8 +87,23 @@ def summary(rows: list[dict]) -> list[str]:
                 f"| {med([r['answer_s'] for r in sel]):.2f} | {tokens / len(sel):.1f} "
                 f"| {(steps + sum(r['accepted'] for r in sel)) / max(steps, 1):.2f} "
                 f"| {sum(r['accepted'] for r in sel)}/{drafted} "
-                f"| {sum(f1) / len(f1) if f1 else float('nan'):.3f} | {changed}/{len(sel)} |")
+                f"| {sum(f1) / len(f1) if f1 else float('nan'):.3f} "
+                f"| {_f1_change(sel, plain, name)} | {changed}/{len(sel)} |")
     return out
+
+
+def _f1_change(sel: list[dict], plain: dict, name: str) -> str:
+    """Mean F1 of a mode minus the first mode's, on the same questions, with its paired
+    bootstrap interval (kvedge.bench.bootstrap)."""
+    from kvedge.bench.bootstrap import paired_bootstrap
+
+    pairs = [(r["f1"], plain[name, r["item"]]["f1"]) for r in sel
+             if r.get("f1") is not None and plain[name, r["item"]].get("f1") is not None]
+    if not pairs:
+        return "-"
+    d = paired_bootstrap([a for a, _ in pairs], [b for _, b in pairs]).diff
+    return f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" if d.low is not None else \
+        f"{d.value:+.3f}"
 
 
 def main(argv: list[str] | None = None) -> None:
