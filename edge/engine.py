@@ -92,7 +92,7 @@ class EdgeEngine:
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
     `batch_invariant` an answer is the same whatever shares its steps
     (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
-    rows a step from their prompt (default SPEC_ROWS; 0 = off); `decode_weights` "int8"
+    rows a step from their prompt (default: batch.spec_rows_for; 0 = off); `decode_weights` "int8"
     makes the steps after the first token read weight-only int8 copies (faster, not
     bit-exact: kvedge.common.model.quant). `ask` (the services)
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and

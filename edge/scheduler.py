@@ -108,9 +108,9 @@ class Scheduler:
         self.rt, self.max_batch, self.max_waiting = rt, max_batch, max_waiting
         self.max_starts = max_starts or max_batch  # starts between two decode steps
         self.invariant = invariant  # steps padded so no answer depends on its neighbours
-        if spec_rows is None:
-            from kvedge.common.model.batch import SPEC_ROWS as spec_rows
-        self.spec_rows = spec_rows  # rows a step may fill with drafts (0: no speculation)
+        # rows a step may fill with drafts (0: no speculation; None: the default for the
+        # runtime's decode weights, batch.spec_rows_for)
+        self.spec_rows = spec_rows
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._starting: Job | None = None  # between the queue and the batch: its prefill
@@ -266,13 +266,14 @@ class Scheduler:
             self._starting = None
 
     def _step(self) -> None:
-        from kvedge.common.model.batch import decode_step, row_multiple
+        from kvedge.common.model.batch import decode_step, row_multiple, spec_rows_for
 
         jobs = list(self._running)
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
         try:
             decode_step(self.rt, [job.decoding for job in jobs],
-                        row_multiple(self.rt, self.invariant), self.spec_rows)
+                        row_multiple(self.rt, self.invariant),
+                        spec_rows_for(self.rt) if self.spec_rows is None else self.spec_rows)
         except Exception as err:  # noqa: BLE001 - a broken step fails the requests in it
             log.exception("batched decode step failed")
             self._end(jobs, err)

@@ -102,6 +102,25 @@ def test_int8_steps_alone_equal_steps_in_a_batch():
         assert [decode_step(rt, [state], 1)[0] for _ in range(8)] == [t[i] for t in together]
 
 
+def test_int8_steps_draft_fewer_rows_by_default():
+    """An int8 row costs more than an fp32 one (batch.INT8_SPEC_ROWS); drafts stay exact:
+    greedy generation with drafts equals it without, on int8 steps too."""
+    from kvedge.common.model.batch import INT8_SPEC_ROWS, SPEC_ROWS, spec_rows_for
+    from kvedge.common.model.decoding import Prompt
+    from kvedge.common.model.generate import decode
+
+    rt = tiny_runtime("tiny-llama")
+    assert spec_rows_for(rt) == SPEC_ROWS
+    rt.use_decode_weights("int8")
+    assert spec_rows_for(rt) == INT8_SPEC_ROWS < SPEC_ROWS
+    ids = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7])
+
+    def answer(lookup):
+        prompt = Prompt(rt.empty_cache(reserve=40), ids, torch.arange(len(ids)))
+        return list(decode(rt, prompt, 16, lookup=lookup))
+    assert answer(ids.tolist()) == answer(None)
+
+
 def test_unknown_format_is_refused():
     rt = tiny_runtime("tiny-llama")
     with pytest.raises(ValueError, match="int8"):

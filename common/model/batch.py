@@ -45,6 +45,17 @@ ROW_MULTIPLE = 4
 # drafts up to 7 tokens, a batch of 4 one each, a batch of 8 or more none — speculation
 # never makes a batched step dearer than the padding already does.
 SPEC_ROWS = 8
+# With int8 weights (`kvedge.common.model.quant`) a row is dearer: its kernel's pass over the
+# weights grows with the rows (SmolLM2 1 / 4 / 8 rows: 27.8 / 45.4 / 72.9 ms at one thread),
+# where fp32 BLAS is nearly flat up to 8. On real questions 8 draft rows made SmolLM2's int8
+# TPOT worse (77–84 against 55 ms without drafts) and 4 rows about even (51–57 ms), while on
+# Qwen2.5-0.5B 4 rows took it from 96 to 80 ms (docs/serving.md).
+INT8_SPEC_ROWS = 4
+
+
+def spec_rows_for(rt: Runtime) -> int:
+    """The default draft rows of a step over `rt`'s decode weights."""
+    return INT8_SPEC_ROWS if rt.decode_format == "int8" else SPEC_ROWS
 
 
 def row_multiple(rt: Runtime, invariant: bool) -> int:

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from kvedge.common.model.batch import ROW_MULTIPLE, SPEC_ROWS, decode_step
+from kvedge.common.model.batch import decode_step, row_multiple, spec_rows_for
 from kvedge.common.model.decoding import GREEDY, Decoding, Prompt, Sampler
 from kvedge.common.model.kvcache import KVCache
 from kvedge.common.model.runtime import Runtime
@@ -27,8 +27,8 @@ def decode(rt: Runtime, prompt: Prompt, max_new_tokens: int, *, sampler: Sampler
 
     Alone, a step has no padding rows (see ROW_MULTIPLE): it computes exactly what
     `Runtime.forward` does. `lookup` (the prompt's tokens) turns on prompt-lookup drafts
-    (`kvedge.common.model.batch.SPEC_ROWS` rows a step); the steps are then padded as the
-    scheduler's are, so the answer is the one the edge serves."""
+    (`kvedge.common.model.batch.spec_rows_for` rows a step); the steps are then padded as
+    the scheduler's are, so the answer is the one the edge serves."""
     state = Decoding.start(rt, prompt, max_new_tokens, sampler=sampler, stop_ids=stop_ids,
                            seq_len=seq_len, lookup=lookup)
     while True:
@@ -38,7 +38,7 @@ def decode(rt: Runtime, prompt: Prompt, max_new_tokens: int, *, sampler: Sampler
         if lookup is None:
             decode_step(rt, [state], row_multiple=1)
         else:
-            decode_step(rt, [state], ROW_MULTIPLE, SPEC_ROWS)
+            decode_step(rt, [state], row_multiple(rt, True), spec_rows_for(rt))
 
 
 def generate(rt: Runtime, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
