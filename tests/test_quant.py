@@ -121,10 +121,14 @@ def test_int8_steps_draft_fewer_rows_by_default():
     assert answer(ids.tolist()) == answer(None)
 
 
-def test_unknown_format_is_refused():
+def test_unknown_format_and_a_model_off_the_cpu_are_refused():
+    from kvedge.common.model.quant import decode_weights
+
     rt = tiny_runtime("tiny-llama")
     with pytest.raises(ValueError, match="int8"):
         rt.use_decode_weights("int3")
+    with pytest.raises(ValueError, match="CPU kernel"):
+        decode_weights([], torch.empty(32, 64, device="meta"), "int8")
 
 
 def test_served_int8_answers_are_the_same_alone_and_batched(loaded, state):

@@ -26,8 +26,9 @@ Decisions, and why:
 - **Row-invariant.** The kernel gives each row the same bits whatever the row count (checked
   1–16 rows in tests), so steps with int8 weights are batch-invariant without padding rows.
 - **Fallback.** The kernel needs K (the input width) a multiple of 8 (it crashed the process
-  at K = 4 and 20) and a CPU tensor; any other weight keeps the dequantized torch reference,
-  the same numbers up to the summation order.
+  at K = 4 and 20); such a weight keeps the dequantized torch reference, the same numbers up
+  to the summation order. A model on another device than the CPU is refused: the reference
+  would dequantize every weight on every step there.
 """
 from __future__ import annotations
 
@@ -93,5 +94,8 @@ def decode_weights(layers: list, lm_head: torch.Tensor, fmt: str) -> tuple[list,
         raise ValueError(f"decode weights {fmt!r}: choose one of {FORMATS}")
     if fmt == "fp32":
         return layers, lm_head
+    if lm_head.device.type != "cpu":
+        raise ValueError(f"int8 decode weights run on torch's CPU kernel; the model is on "
+                         f"{lm_head.device.type} (its own weights decode faster there: fp32)")
     return ([dataclasses.replace(w, **{m: Int8Weight(getattr(w, m)) for m in _MATRICES})
              for w in layers], Int8Weight(lm_head))
