@@ -122,12 +122,13 @@ def test_int8_steps_draft_fewer_rows_by_default():
 
 
 def test_unknown_format_and_a_model_off_the_cpu_are_refused():
+    from kvedge.common.errors import InvalidOption
     from kvedge.common.model.quant import decode_weights
 
     rt = tiny_runtime("tiny-llama")
-    with pytest.raises(ValueError, match="int8"):
+    with pytest.raises(InvalidOption, match="int8"):
         rt.use_decode_weights("int3")
-    with pytest.raises(ValueError, match="CPU kernel"):
+    with pytest.raises(InvalidOption, match="CPU kernel"):
         decode_weights([], torch.empty(32, 64, device="meta"), "int8")
 
 

@@ -37,6 +37,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from kvedge.common.errors import InvalidOption
 from kvedge.common.model.models import DECODE_WEIGHTS as FORMATS
 
 
@@ -91,11 +92,11 @@ def decode_weights(layers: list, lm_head: torch.Tensor, fmt: str) -> tuple[list,
     objects for fp32; for int8 copies whose 2-D weights are Int8Weight (norms, biases and
     the embedding stay as they are)."""
     if fmt not in FORMATS:
-        raise ValueError(f"decode weights {fmt!r}: choose one of {FORMATS}")
+        raise InvalidOption(f"decode weights {fmt!r}: choose one of {FORMATS}")
     if fmt == "fp32":
         return layers, lm_head
     if lm_head.device.type != "cpu":
-        raise ValueError(f"int8 decode weights run on torch's CPU kernel; the model is on "
+        raise InvalidOption(f"int8 decode weights run on torch's CPU kernel; the model is on "
                          f"{lm_head.device.type} (its own weights decode faster there: fp32)")
     return ([dataclasses.replace(w, **{m: Int8Weight(getattr(w, m)) for m in _MATRICES})
              for w in layers], Int8Weight(lm_head))
