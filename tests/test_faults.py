@@ -100,22 +100,22 @@ def ray_address():
 @pytest.fixture(scope="module")
 def ray_cloud(ray_address, tmp_path_factory):
     """A gateway in this process (its actors are at hand), the tiny model; counts its KB
-    lookups (one per edge sync) and the pack bytes it serves."""
+    version reads (one per edge sync poll, changed or not) and the pack bytes it serves."""
     data = tmp_path_factory.mktemp("ray-cloud")
     server, gateway, port = serve(GatewayConfig(data, model=TINY, segment_tokens=24),
                                   "127.0.0.1:0")
-    counts, get, read = Counter(), gateway.catalog.get, gateway.store.read
+    counts, version, read = Counter(), gateway.catalog.version, gateway.store.read
 
-    def counting_get(*args, **kw):
+    def counting_version(*args, **kw):  # every GetKB reads it first: an edge's sync poll
         counts["syncs"] += 1
-        return get(*args, **kw)
+        return version(*args, **kw)
 
     def counting_read(*args, **kw):
         data = read(*args, **kw)
         counts["bytes"] += len(data)
         return data
 
-    gateway.catalog.get, gateway.store.read = counting_get, counting_read
+    gateway.catalog.version, gateway.store.read = counting_version, counting_read
     yield {"address": f"127.0.0.1:{port}", "token": (data / "admin.token").read_text().strip(),
            "gateway": gateway, "counts": counts}
     server.stop(0)
