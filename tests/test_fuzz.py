@@ -33,6 +33,7 @@ from kvedge.common.pack.codecs.kvtc import default_store
 from kvedge.common.pack.errors import ModelMismatch, PackCorrupt, PackError
 from kvedge.common.pack.format import read_pack
 from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.common.net.rpc import MAX_HEADS
 from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.registry import options_of
 from kvedge.common.net.rpc import metadata, named_errors
@@ -228,6 +229,9 @@ def cloud_request(method, data, cloud):
         return pb.FetchPackRequest(namespace=data.draw(namespaces),
                                    pack_id=data.draw(hashes(*packs)),
                                    offset=data.draw(int64))
+    if method == "FetchHeads":  # up to one past the cap
+        return pb.FetchHeadsRequest(namespace=data.draw(namespaces), pack_ids=data.draw(
+            st.lists(hashes(*packs), max_size=MAX_HEADS + 1)))
     if method == "FetchTransform":
         return pb.FetchTransformRequest(namespace=data.draw(namespaces),
                                         digest=data.draw(hashes(*cloud.transforms, *packs)))
