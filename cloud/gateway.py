@@ -30,11 +30,10 @@ from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.net.metrics import request_log
 from kvedge.common.net.rpc import CHUNK, MAX_HEADS, principal, rpc_errors, serve_grpc
 from kvedge.common.net.tls import ServerTLS
-from kvedge.common.pack.container import HEADER_SIZE, read_header
+from kvedge.common.pack.container import read_head
 
 log = logging.getLogger("kvedge.gateway")
 MIN_SEGMENT_TOKENS, MAX_SEGMENT_TOKENS = 16, 1 << 17  # a segment is cut to the model's context
-HEAD_GUESS = 32 * 1024  # bytes past the header read first for a manifest (most fit: one read)
 
 
 @dataclass
@@ -232,8 +231,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
 
     # ------------------------------------------------------------------ catalog
 
-    def _info(self, ns: str, name: str, variant: str = BASE) -> pb.KBInfo:
-        etag = self.catalog.version(ns, name, variant)  # first: a change after it shows next time
+    def _info(self, ns: str, name: str, variant: str = BASE, etag: str = "") -> pb.KBInfo:
+        # the etag read before the record: a change between the two shows at the next poll
+        etag = etag or self.catalog.version(ns, name, variant)
         rec = self.catalog.get(ns, name, variant)
         status = rec.variants[variant]
         return pb.KBInfo(
@@ -252,12 +252,11 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         """The KB's listing; only its etag while it still equals the caller's if_none_match
         (an edge polls every few seconds, and a 20,000-segment listing is megabytes)."""
         self._authorized(context, request.namespace, request.kb)
-        if request.if_none_match:
-            etag = self.catalog.version(request.namespace, request.kb, request.variant)
-            if etag == request.if_none_match:
-                return pb.KBInfo(namespace=request.namespace, kb=request.kb,
-                                 variant=request.variant, etag=etag, not_modified=True)
-        return self._info(request.namespace, request.kb, request.variant)
+        etag = self.catalog.version(request.namespace, request.kb, request.variant)
+        if etag == request.if_none_match:
+            return pb.KBInfo(namespace=request.namespace, kb=request.kb,
+                             variant=request.variant, etag=etag, not_modified=True)
+        return self._info(request.namespace, request.kb, request.variant, etag)
 
     @rpc_errors
     def ListKBs(self, request, context):
@@ -313,13 +312,11 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             if request.namespace not in self.catalog.pack_namespaces(pack_id):
                 raise NotFound(f"no pack {pack_id[:16]}… in namespace {request.namespace!r}")
             total = self.store.size(pack_id)
-            head = self.store.read(pack_id, 0, min(total, HEADER_SIZE + HEAD_GUESS))
-            end = HEADER_SIZE + read_header(head)[1]
-            if len(head) < end:
-                head += self.store.read(pack_id, len(head), end - len(head))
+            head = read_head(lambda offset, length, pid=pack_id: self.store.read(
+                pid, offset, min(length, total - offset)))
             with self._lock:
-                self.bytes_served += end
-            yield pb.PackHead(pack_id=pack_id, data=head[:end], total=total)
+                self.bytes_served += len(head)
+            yield pb.PackHead(pack_id=pack_id, data=head, total=total)
 
     @rpc_errors
     def FetchTransform(self, request, context):

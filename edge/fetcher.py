@@ -20,15 +20,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvedge.common.net.rpc import MAX_HEADS
-from kvedge.common.pack.container import HEADER_SIZE, read_header, read_manifest
+from kvedge.common.pack.container import read_head, read_manifest
 from kvedge.common.pack.errors import ModelMismatch, PackError
 from kvedge.common.pack.manifest import Manifest
 from kvedge.edge.meters import LinkMeter
-
-# A first ranged read of a pack takes this much beyond the header, so one round trip gets the
-# manifest of packs whose manifest fits (a 240-tensor SmolLM2 pack's is ~12 KB); a longer one
-# costs a second read, of exactly the rest.
-MANIFEST_GUESS = 32 * 1024
 
 
 class FetchStopped(Exception):
@@ -212,11 +207,8 @@ class Fetcher:
         whole pack's bytes can be): the retrieval text it gives is as trusted as the
         gateway's own KB listing, and the KV an answer uses is verified when its pack
         arrives."""
-        head = self._range(namespace, pack_id, 0, HEADER_SIZE + MANIFEST_GUESS)
-        end = HEADER_SIZE + read_header(head)[1]
-        if len(head) < end:
-            head += self._range(namespace, pack_id, len(head), end - len(head))
-        return read_manifest(head)
+        return read_manifest(read_head(
+            lambda offset, length: self._range(namespace, pack_id, offset, length)))
 
     def manifests(self, namespace: str, pack_ids: list[str]) -> dict[str, Manifest]:
         """Many packs' manifests (`manifest`'s checks), MAX_HEADS per call: one stream of
@@ -224,13 +216,13 @@ class Fetcher:
         (an older gateway, a test double) is read pack by pack."""
         out: dict[str, Manifest] = {}
         heads = getattr(self.client, "fetch_heads", None)
-        for first in range(0, len(pack_ids) if heads else 0, MAX_HEADS):
-            try:
-                for head in self._timed(heads(namespace, pack_ids[first:first + MAX_HEADS]),
-                                        measured=False):
+        try:
+            for first in range(0, len(pack_ids) if heads else 0, MAX_HEADS):
+                batch = heads(namespace, pack_ids[first:first + MAX_HEADS])
+                for head in self._timed(batch, measured=False):
                     out[head.pack_id] = read_manifest(head.data)
-            except NotImplementedError:
-                break
+        except NotImplementedError:
+            pass
         return {pid: out[pid] if pid in out else self.manifest(namespace, pid)
                 for pid in pack_ids}
 

@@ -323,8 +323,7 @@ def on_demand(cloud, cache, tmp_path, targets=(KB,), pinned=()) -> Syncer:
 
 
 def test_on_demand_syncs_the_index_from_each_packs_first_bytes(cloud, cache, tmp_path, packs):
-    from kvedge.common.pack.container import HEADER_SIZE
-    from kvedge.edge.fetcher import MANIFEST_GUESS
+    from kvedge.common.pack.container import HEADER_SIZE, MANIFEST_GUESS
 
     cloud.publish(KB, packs[:3])
     s = on_demand(cloud, cache, tmp_path)
@@ -342,10 +341,10 @@ def test_on_demand_syncs_the_index_from_each_packs_first_bytes(cloud, cache, tmp
 
 def test_a_manifest_longer_than_the_first_read_takes_a_second_one(cloud, cache, tmp_path, packs,
                                                                 monkeypatch):
+    from kvedge.common.pack import container
     from kvedge.common.pack.container import HEADER_SIZE, read_header
-    from kvedge.edge import fetcher
 
-    monkeypatch.setattr(fetcher, "MANIFEST_GUESS", 10)
+    monkeypatch.setattr(container, "MANIFEST_GUESS", 10)
     cloud.publish(KB, packs[:1])
     on_demand(cloud, cache, tmp_path).sync_once()
     m_len = read_header(packs[0])[1]

@@ -33,6 +33,7 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import blake3
 import zstandard
@@ -173,6 +174,23 @@ def manifest_json(data: bytes | memoryview) -> bytes:
     except zstandard.ZstdError as err:
         raise PackCorrupt(f"manifest does not inflate ({err}; at most "
                           f"{MAX_MANIFEST_BYTES:,} bytes)") from None
+
+
+# A first ranged read of a pack takes this much beyond the header, so one round trip gets the
+# manifest of packs whose manifest fits (a 240-tensor SmolLM2 pack's is ~12 KB); a longer one
+# costs a second read, of exactly the rest.
+MANIFEST_GUESS = 32 * 1024
+
+
+def read_head(read: Callable[[int, int], bytes]) -> bytes:
+    """A pack's header and manifest, whole, through `read(offset, length)` (a ranged read of
+    a pack elsewhere: a fetch, a store): HEADER_SIZE + MANIFEST_GUESS bytes first, then the
+    rest of a longer manifest."""
+    head = read(0, HEADER_SIZE + MANIFEST_GUESS)
+    end = HEADER_SIZE + read_header(head)[1]
+    if len(head) < end:
+        head += read(len(head), end - len(head))
+    return head[:end]
 
 
 def read_manifest(data: bytes | memoryview) -> Manifest:

@@ -330,8 +330,8 @@ def _is_int(x) -> bool:
 
 
 # Lists of ints are checked with C-level passes (set of types, min, max): an edge's sync
-# parses every pack's manifest of a KB served on demand, ~1,000 ints each, and the
-# item-by-item checks were most of a 20,000-segment sync's time.
+# parses every pack's manifest of a KB served on demand, ~1,000 ints each; item by item the
+# checks cost ~20 % more of a manifest's parse (measured on the scale bench's packs).
 def _ints(xs) -> bool:
     """Every item a plain int (JSON gives exactly int; bool, its subclass, is refused)."""
     return set(map(type, xs)) <= _INT
