@@ -288,8 +288,12 @@ def bench():
               help="reuse prompts' document order: the item's (the answer anywhere), or per "
               "question the edge's retrieval order (BM25, best last); cells do not record it: "
               "give such a run its own --out")
+@click.option("--concurrent", type=click.IntRange(1), default=1, show_default=True,
+              help="eviction cells' questions in flight at once, decoded together by the "
+              "edge's scheduler: the same answers (batch-invariant) in less time; their "
+              "TTFTs then include each other's prefills (rows record it)")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
-            **overrides):
+            concurrent, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
     a later run into the same OUT pays only for the methods it adds; an unfinished cell's
@@ -307,7 +311,7 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   ceilings=out / "ceilings.jsonl", partial=out / "partial.jsonl",
+                   concurrent=concurrent, ceilings=out / "ceilings.jsonl", partial=out / "partial.jsonl",
                    services=out / "services")
     try:
         rows = run_grid(p, results, runner.run, codecs=codecs,

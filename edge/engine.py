@@ -187,9 +187,16 @@ class EdgeEngine:
         end of the turn, a `stop` string (left out of the answer) or `max_new_tokens`; yield
         answer pieces, then a dict of what it cost (times are relative to the call; plan
         building counts toward the first token)."""
-        job = _Answer(self.tok, composed, strategy, max_new_tokens, sampler, stop,
-                      time.perf_counter(), None, None)
-        yield from self.scheduler.submit(job).events()
+        yield from self.submit_answer(composed, strategy, max_new_tokens, sampler=sampler,
+                                      stop=stop).events()
+
+    def submit_answer(self, composed: Composed, strategy, max_new_tokens: int, *,
+                      sampler: Sampler = GREEDY, stop: Sequence[str] = ()) -> Job:
+        """`answer`, queued now: the job whose `events()` yield what `answer` yields. A caller
+        with many prompts submits them all before reading any, so the scheduler decodes them
+        together (the benchmark's concurrent asks); times count from this call."""
+        return self.scheduler.submit(_Answer(self.tok, composed, strategy, max_new_tokens,
+                                             sampler, stop, time.perf_counter(), None, None))
 
     def check_request(self, question: str, top_k: int, max_new_tokens: int,
                       stop: Sequence[str] = ()) -> None:

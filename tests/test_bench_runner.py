@@ -4,7 +4,7 @@ import json
 from click.testing import CliRunner
 
 from kvedge.bench.cli import bench, preset
-from kvedge.bench.datasets import demo_kb_items
+from kvedge.bench.datasets import FACTS, demo_kb_items
 from kvedge.bench.report import load
 from kvedge.bench.runner import run_grid
 from kvedge.bench.suites import Bench, scores
@@ -388,7 +388,6 @@ def test_fact_prompts_are_an_eviction_context_with_many_questions():
     (the KBQA setting of the codec × eviction grid): cells record it, every question is
     answered over the evicted KV, beside full KV's answers."""
     from kvedge.bench.cli import apply_overrides
-    from kvedge.bench.datasets import FACTS
 
     p = apply_overrides(preset("eviction", "tiny-llama"), suite="evict", tasks=[FACTS],
                         lengths=[2], methods=["contrastkv"], budgets=[0.5], items=6,
@@ -398,6 +397,28 @@ def test_fact_prompts_are_an_eviction_context_with_many_questions():
     row = Bench("tiny-llama", max_new_tokens=4, breakdown=None).run(cell)
     assert row["questions"] == 6 and row["full_kv_score"] is not None
     assert 0 < row["shipped_bytes"] < row["fp16_bytes"]
+
+
+def test_concurrent_asks_give_the_same_answers():
+    """`concurrent` eviction asks are decoded together by the scheduler: the answers are the
+    one-at-a-time ones (batch-invariant steps), rows record it, and the ceiling store keys
+    them apart from one-at-a-time rows (their TTFTs include each other's prefills)."""
+    from kvedge.bench.cli import apply_overrides
+
+    p = apply_overrides(preset("eviction", "tiny-llama"), suite="evict", tasks=[FACTS],
+                        lengths=[2], methods=["contrastkv"], budgets=[0.5], items=6,
+                        per_prompt=3)
+    cell, = p.cells()
+    one = Bench("tiny-llama", max_new_tokens=6, breakdown=None)
+    many = Bench("tiny-llama", max_new_tokens=6, breakdown=None, concurrent=4)
+    item, = one._items(cell)[:1]
+    alone = one._evict(item, "contrastkv", 0.5, cell.codec)
+    together = many._evict(item, "contrastkv", 0.5, cell.codec)
+    assert [r["answer"] for r in together] == [r["answer"] for r in alone]
+    assert all(r["concurrent"] == 4 for r in together)
+    assert all("concurrent" not in r for r in alone)
+    assert many._prompt_settings(cell)["concurrent"] == 4
+    assert "concurrent" not in one._prompt_settings(cell)
 
 
 def test_shared_context_gives_the_full_prefills_logits():
