@@ -1,7 +1,7 @@
 """Time to the whole answer, with and without prompt-lookup drafts and int8 decode weights, on
 real questions (issue 28).
 
-`python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic]
+`python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic] [--out F]
 [--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,int8] [--no-batch-invariant]`:
 HotpotQA questions of the
 tuning split (`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through
@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
 
 STYLES = {
     "short": None,  # HotpotQA's own instruction (kvedge.bench.real.hotpotqa.INSTRUCTION)
@@ -32,7 +35,11 @@ STYLES = {
 def run(model: str, questions: int, strategies: list[str], style: str,
         spec_rows: int | tuple[int, ...],
         max_new_tokens: int, seed: int = 0, invariant: bool = True,
-        formats: tuple[str, ...] = ("fp32",)) -> list[dict]:
+        formats: tuple[str, ...] = ("fp32",), done: list[dict] = (),
+        sink: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every (question, strategy, weights, drafts) answer's row, `done`'s rows (an earlier
+    run's, same arguments) taken as they are and the rest measured, each handed to `sink` as
+    it is made (a long run cut off keeps what it measured)."""
     from kvedge.bench.answer_metrics import qa_scores
     from kvedge.bench.real.hotpotqa import hotpot_fixed_items
     from kvedge.bench.suites import Bench
@@ -41,7 +48,7 @@ def run(model: str, questions: int, strategies: list[str], style: str,
     bench = Bench(model)
     scheduler = bench.engine.scheduler
     scheduler.invariant = invariant  # off: a lone answer's plain step is one row, no padding
-    rows = []
+    rows, kept = [], {_key(r): r for r in done}
     for item in hotpot_fixed_items(10, questions, seed):
         segments = [ctx for doc in item.documents for ctx, _ in bench.packs(doc, False)]
         q = item.questions[0]
@@ -51,14 +58,23 @@ def run(model: str, questions: int, strategies: list[str], style: str,
                 bench.engine.rt.use_decode_weights(fmt)  # the scheduler is idle between answers
                 for spec in dict.fromkeys((0, *((spec_rows,) if isinstance(spec_rows, int)
                                                  else spec_rows))):
+                    if (row := kept.get((item.key, name, fmt, spec))) is not None:
+                        rows.append(row)
+                        continue
                     scheduler.spec_rows = spec
                     start = time.perf_counter()
                     *_, stats = bench.engine.answer(composed, get_strategy(name), max_new_tokens)
                     rows.append({**stats, **qa_scores(stats["answer"], q.answers),
                                  "strategy": name, "weights": fmt, "spec_rows": spec,
                                  "item": item.key, "answer_s": time.perf_counter() - start})
+                    if sink is not None:
+                        sink(rows[-1])
     bench.engine.rt.use_decode_weights(formats[0])
     return rows
+
+
+def _key(row: dict) -> tuple:
+    return row["item"], row["strategy"], row.get("weights", "fp32"), row["spec_rows"]
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -127,16 +143,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-batch-invariant", dest="invariant", action="store_false",
                     help="unpadded steps (`kvedge serve --no-batch-invariant`): drafts then "
                     "add rows to a one-row step instead of filling padding")
-    ap.add_argument("--out", help="write every answer's row here (JSON lines)")
+    ap.add_argument("--out", help="every answer's row, appended as it is made (JSON lines); "
+                    "rows already there are kept and not measured again, so rerunning the "
+                    "same command finishes a run that was cut off")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = run(args.model, args.questions, args.strategies.split(","), args.style,
-               tuple(int(n) for n in args.spec_rows.split(",")), args.max_new_tokens,
-               invariant=args.invariant,
-               formats=tuple(args.decode_weights.split(",")))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+    done, out = [], Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        done = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    with open(out, "a") if out is not None else nullcontext() as f:
+        def sink(row: dict) -> None:
+            if f is not None:
+                f.write(json.dumps(row, default=str) + "\n")
+                f.flush()
+
+        rows = run(args.model, args.questions, args.strategies.split(","), args.style,
+                   tuple(int(n) for n in args.spec_rows.split(",")), args.max_new_tokens,
+                   invariant=args.invariant, formats=tuple(args.decode_weights.split(",")),
+                   done=done, sink=sink)
     print(f"{args.model}, {args.questions} HotpotQA questions (tuning split, 10 paragraphs), "
           f"style {args.style}, {args.threads} threads, "
           f"{'batch-invariant' if args.invariant else 'unpadded'} steps")

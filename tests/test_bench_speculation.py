@@ -26,3 +26,22 @@ def test_each_strategy_runs_with_drafts_off_and_on_and_answers_agree(fake_data, 
             plain = next(p for p in rows if p["weights"] == "int8" and not p["spec_rows"]
                          and (p["strategy"], p["item"]) == (r["strategy"], r["item"]))
             assert r["answer"] == plain["answer"]
+
+
+def test_rows_are_appended_as_made_and_a_rerun_measures_only_the_rest(fake_data, capsys,
+                                                                      tmp_path):
+    """--out gets each row as it is made; rerunning the command over a file cut short keeps
+    its rows and measures only the missing ones (the table covers all)."""
+    out = tmp_path / "rows.jsonl"
+    args = ["--model", "tiny-llama", "--questions", "2", "--max-new-tokens", "4",
+            "--threads", "1", "--strategies", "recompute", "--out", str(out)]
+    main(args)
+    rows = out.read_text().splitlines()
+    assert len(rows) == 4
+    out.write_text("\n".join(rows[:3]) + "\n")  # cut off after three answers
+    capsys.readouterr()
+    main(args)
+    again = out.read_text().splitlines()
+    assert again[:3] == rows[:3] and len(again) == 4
+    assert json.loads(again[3])["answer"] == json.loads(rows[3])["answer"]
+    assert "| recompute | fp32 | 8 |" in capsys.readouterr().out
