@@ -12,7 +12,9 @@ heads × head dim × K,V × 2 bytes) over the bytes the cell ships (its pack). k
 are divided by kvpress's own full cache on the same items (`kvpress-full`, fp32 KV through
 transformers) when the results hold it, ours by ours: each pipeline against its own ceiling.
 Eviction rows also get the bytes-vs-accuracy frontier (`bytes_frontier_plot`, which
-`kvedge.bench.codec_frontier` puts into docs/codecs.md).
+`kvedge.bench.codec_frontier` puts into docs/codecs.md); real-QA eviction cells also get it
+in F1 over the fp16 full-KV cell's F1 on the same questions (`f1_of_full`: a table and
+f1_bytes_frontier.png).
 Reuse rows get a frontier per task × length — accuracy and median TTFT as fractions of
 recompute's, one point per strategy setting — and, where a cell timed its first token by
 phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt cells asked other than the default
@@ -267,6 +269,13 @@ def tables(rows: list[dict]) -> str:
                 "Pooled over tasks:", "",
                 *summary_table(evict, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
+        if points := f1_of_full(rows):
+            out += ["F1 frontier (real-QA cells, pooled; F1 over fp16 full KV's on the same "
+                    "questions):", "", "| method | budget | codec | × vs fp16 | F1 / full KV "
+                    "(fp16) |", "|---|---|---|---|---|"]
+            out += [f"| {m} | {b:g} | {c} | {x:.1f} | {y:.3f} |" for (m, b, c), (x, y) in
+                    sorted(points.items(), key=lambda kv: kv[1][0])]
+            out.append("")
     out += noninferiority.table(rows)
     return "\n".join(out)
 
@@ -305,6 +314,8 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         plt.close(fig)
     if any(fewer_bytes(r) for r in evict):
         written.append(bytes_frontier_plot(rows, folder / "bytes_frontier.png"))
+    if f1_of_full(rows):
+        written.append(bytes_frontier_plot(rows, folder / "f1_bytes_frontier.png", "f1"))
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -363,21 +374,50 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def bytes_frontier_plot(rows: list[dict], path: Path) -> Path:
-    """Accuracy as a fraction of full KV uncompressed's vs × fewer bytes than fp16 full KV
-    (log), each eviction (method, budget, codec) pooled over tasks; one line per (method,
-    codec) through its budgets (labelled), colour by method, marker by codec; the target
-    (TARGET) is the top-right corner past the dotted lines."""
+def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], tuple[float, float]]:
+    """(method, budget, codec) → (× fewer bytes than fp16, F1 / fp16 full KV's F1), pooled
+    over the real-QA eviction cells that have an fp16 full-KV cell on the same questions
+    (same task, length, items, seed and model): the F1 frontier of issue 30."""
+    def group(r: dict) -> tuple:
+        return r["task"], r["length"], r["items"], r["seed"], r.get("model")
+
+    evict = [r for r in rows if r["suite"] == "evict" and r.get("f1") is not None]
+    full = {group(r): r for r in evict
+            if r["method"] == "full" and codec_of(r) == REFERENCE_CODEC and r.get("f1")}
+    cells = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])  # F1·q, full F1·q, fp16 B, shipped B
+    for r in evict:
+        ref = full.get(group(r))
+        if ref is None or not r.get("shipped_bytes") or not r.get("fp16_bytes"):
+            continue
+        c = cells[(r["method"], r["budget"], codec_of(r))]
+        q = r["questions"]
+        c[0] += r["f1"] * q
+        c[1] += ref["f1"] * q
+        c[2] += r["fp16_bytes"] * q
+        c[3] += r["shipped_bytes"] * q
+    return {key: (fp16 / shipped, f1 / base) for key, (f1, base, fp16, shipped) in cells.items()}
+
+
+def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Path:
+    """Accuracy (`metric` "acc": each question's own metric; "f1": real-QA cells' F1) as a
+    fraction of full KV uncompressed's vs × fewer bytes than fp16 full KV (log), each
+    eviction (method, budget, codec) pooled over tasks; one line per (method, codec) through
+    its budgets (labelled), colour by method, marker by codec; the target (TARGET) is the
+    top-right corner past the dotted lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     lines = defaultdict(list)
-    for (method, budget, codec), p in summary([r for r in rows if r["suite"] == "evict"],
-                                              full_kv_acc).items():
-        if p.fewer_bytes and p.of_ceiling is not None:
-            lines[(method, codec)].append((p.fewer_bytes, p.of_ceiling, budget))
+    if metric == "f1":
+        for (method, budget, codec), (fewer, of_full) in f1_of_full(rows).items():
+            lines[(method, codec)].append((fewer, of_full, budget))
+    else:
+        for (method, budget, codec), p in summary([r for r in rows if r["suite"] == "evict"],
+                                                  full_kv_acc).items():
+            if p.fewer_bytes and p.of_ceiling is not None:
+                lines[(method, codec)].append((p.fewer_bytes, p.of_ceiling, budget))
     methods, codecs = sorted({m for m, _ in lines}), sorted({c for _, c in lines})
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for (method, codec), points in sorted(lines.items()):
@@ -396,8 +436,9 @@ def bytes_frontier_plot(rows: list[dict], path: Path) -> Path:
     ticks = [2.0 ** k for k in range(-2, 11) if low <= 2.0 ** k <= high]
     ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set(xlabel="× fewer bytes than fp16 full KV (log)", ylabel="accuracy / full KV (fp16)",
-           title="Eviction × codec: bytes shipped vs accuracy (pooled over tasks)")
+    what = "F1" if metric == "f1" else "accuracy"
+    ax.set(xlabel="× fewer bytes than fp16 full KV (log)", ylabel=f"{what} / full KV (fp16)",
+           title=f"Eviction × codec: bytes shipped vs {what} (pooled over tasks)")
     if lines:
         ax.legend(fontsize=6, loc="lower left")
     fig.tight_layout()

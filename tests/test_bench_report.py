@@ -77,3 +77,26 @@ def test_rows_without_bytes_draw_no_frontier(tmp_path):
     assert "bytes_frontier" not in write_report(results, tmp_path).read_text()
     assert "| kvtc:bits=2 | 0.60 | 0.75 | 0.80 | — |" in "\n".join(evict_table(
         [{**ROWS[2], "fp16_bytes": None}]))
+
+
+def test_the_f1_frontier_divides_by_the_fp16_full_cell_on_the_same_questions(tmp_path):
+    """Real-QA cells (with F1) get F1 over the fp16 full-KV cell of the same task, length,
+    items, seed and model, pooled by questions; a cell with no such fp16 cell is left out."""
+    from kvedge.bench.report import f1_of_full
+
+    f1 = {"full/fp16": 0.4, "full/int4+zstd": 0.38, "snapkv/int4+zstd": 0.3, "b": 0.2}
+    rows = [{**ROWS[0], "task": "squad-evict", "f1": f1["full/fp16"]},
+            {**ROWS[1], "task": "squad-evict", "codec": "int4+zstd", "f1": f1["full/int4+zstd"]},
+            {**ROWS[2], "task": "squad-evict", "method": "snapkv", "codec": "int4+zstd",
+             "f1": f1["snapkv/int4+zstd"]},
+            {**ROWS[3], "task": "squad-evict", "seed": 1, "f1": f1["b"]}]  # no fp16 sibling
+    points = f1_of_full(rows)
+    assert set(points) == {("full", 1.0, "fp16"), ("full", 1.0, "int4+zstd"),
+                           ("snapkv", 0.1, "int4+zstd")}
+    fewer, of_full = points[("snapkv", 0.1, "int4+zstd")]
+    assert (fewer, round(of_full, 4)) == (40.0, 0.75)
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(results, tmp_path).read_text()
+    assert "| snapkv | 0.1 | int4+zstd | 40.0 | 0.750 |" in report
+    assert (tmp_path / "f1_bytes_frontier.png").stat().st_size > 1000
