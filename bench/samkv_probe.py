@@ -122,8 +122,9 @@ def ranks(bench, asked, options):
         q_que = strategy.generic_query(rt, composed, docs, 32)
         q_hat, _ = strategy.select_blocks(rt, composed, q_que, 32)
         seq_len = composed.seq_len(32)
-        scores = torch.cat([block_scores(qh, strategy.summaries(rt, s, d, seq_len), rt.group,
-                                         rt.scale, strategy.heads)
+        scores = torch.cat([block_scores(qh, strategy.summaries(
+                                             rt, s, strategy.scored_at(composed, d), seq_len),
+                                         rt.group, rt.scale, strategy.heads)
                             for qh, s, d in zip(q_hat, composed.segments, docs)], dim=1)
         mine.append([percentile(scores[layer], block) for layer in range(rt.n_layers)])
         true.append(true_attention(rt, composed, composed.offsets[doc] + at))

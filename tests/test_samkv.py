@@ -464,3 +464,30 @@ def test_through_the_engine_the_query_span_is_the_question_and_costs_are_reporte
         assert 0 < stats["sequence_ratio"] < 1 and stats["kv_bytes"] < full["kv_bytes"]
     finally:
         engine.close()
+
+
+def test_adjacent_scores_every_document_as_if_it_ended_at_the_question():
+    """`adjacent`: the document next to the question scores as before; an earlier one scores
+    as the same document would if it were the last (its keys shifted, not its content)."""
+    from kvedge.edge.strategies.samkv import SamKV, block_scores
+
+    rt = tiny_runtime("tiny-qwen2")
+    composed = prompt(rt, sizes=(40, 48), seed=3)
+    seq_len = composed.seq_len(4)
+
+    q = SamKV().generic_query(rt, composed, SamKV().regions_of(composed), 4)  # one query
+
+    def scores(strategy, c, i):
+        d = strategy.regions_of(c)[i]
+        return block_scores(q, strategy.summaries(rt, c.segments[i], strategy.scored_at(c, d),
+                                                  seq_len), rt.group, rt.scale, strategy.heads)
+
+    plain, adjacent = SamKV(), SamKV(adjacent=True)
+    assert torch.equal(scores(plain, composed, 1), scores(adjacent, composed, 1))
+    assert not torch.allclose(scores(plain, composed, 0), scores(adjacent, composed, 0))
+    swapped = Composed(composed.prefix_ids, composed.prefix_keys, composed.prefix_values,
+                       composed.segments[::-1], composed.question_ids)
+    assert swapped.seq_len(4) == seq_len
+    torch.testing.assert_close(scores(adjacent, composed, 0), scores(plain, swapped, 1),
+                               rtol=1e-4, atol=1e-4)
+    assert get_strategy("samkv", {"adjacent": "true"}).adjacent

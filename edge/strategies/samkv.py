@@ -35,6 +35,13 @@ is silent, the decision and why (each an option; measurements in docs/reuse.md):
   pack's pre-RoPE block means (no key read beyond the kept blocks; issue 13's first version).
   A pack stores its local query pooled pre-RoPE, so Q_loc_j is rotated once, at the centre of
   document j's local blocks (a mean of rotated queries cannot be rebuilt from it).
+- Positions scored (`adjacent`, default off): with `rope`, a document's keys are rotated to
+  their composed positions, so every block of an early document is thousands of positions
+  from the question, and RoPE's long-range decay lowers its logits: on SmolLM2 the score
+  preferred blocks near the question (docs/reuse.md). `adjacent` rotates each document as if
+  it ended where the question starts — the distance its own cache had to a question asked
+  of it alone. The paper does not say which positions its caches carry; measured in
+  docs/reuse.md ("SamKV per the paper").
 - Heads (`heads`): Eq. 2 and Fig. 5 select per layer, so a layer's KV heads share one
   selection; s is the scaled logit ⟨q, k⟩/√d averaged over query heads ("mean", every head a
   vote of the same unit) or its maximum ("max", a block one head looks at is kept).
@@ -182,6 +189,8 @@ class SamKV(ReuseStrategy):
                               "(-1: each layer by its own scores, the paper's)")
     rope: bool = option(True, help="score post-RoPE keys and queries at their composed "
                         "positions (false: the pack's pre-RoPE block means)")
+    adjacent: bool = option(False, help="score each document's keys as if it ended where "
+                            "the question starts (within-document distances only; rope only)")
     heads: str = option("mean", help="a layer's block score over query heads: mean or max")
     query: str = option("question", help="tokens pooled into Q_que: question (the user's "
                         "query text) or all (label, instruction and chat header too)")
@@ -273,6 +282,14 @@ class SamKV(ReuseStrategy):
             out.append(self.rotated(rt, q.float(), at, seq_len).mean(1))
         return torch.stack(out)
 
+    def scored_at(self, composed: Composed, d: "Regions") -> "Regions":
+        """Where document `d`'s keys (and local query) are rotated for scoring: its composed
+        position, or with `adjacent` shifted to end where the question starts, so a block's
+        distance to the question is its distance to its own document's end."""
+        if not (self.adjacent and self.rope):
+            return d
+        return replace(d, offset=composed.question_start - d.n_tokens)
+
     def summaries(self, rt, seg, d: "Regions", seq_len: int) -> list[torch.Tensor]:
         """K̄_b per layer (Hkv, nb, D): the mean of each block's keys, rotated to their
         composed positions (`rope`; reads every key), else the pack's pre-RoPE means."""
@@ -297,12 +314,13 @@ class SamKV(ReuseStrategy):
         """(Q̂_i per document (Eq. 1), the blocks kept per document (L, nb) bool) for a
         generic query q_que (L, Hq, D) — any question's, for the swap diagnostic."""
         docs, seq_len = self.regions_of(composed), composed.seq_len(reserve)
+        at = [self.scored_at(composed, d) for d in docs]
         q_loc = [self.local_query(rt, seg, d, seq_len) if self.bias else None
-                 for seg, d in zip(composed.segments, docs)]
+                 for seg, d in zip(composed.segments, at)]
         q_hat = personalized_queries(q_que, q_loc)
         scores = [block_scores(q, self.summaries(rt, seg, d, seq_len), rt.group, rt.scale,
                                self.heads)
-                  for q, seg, d in zip(q_hat, composed.segments, docs)]
+                  for q, seg, d in zip(q_hat, composed.segments, at)]
         if self.score_layer >= 0:
             layer = min(self.score_layer, rt.n_layers - 1)
             scores = [s[layer: layer + 1].expand_as(s) for s in scores]
