@@ -152,23 +152,29 @@ class Pooled(NamedTuple):
     fewer_bytes: float | None
 
 
-def summary(rows: list[dict], ceiling_acc=_ceiling_acc) -> dict[tuple[str, float, str], Pooled]:
-    """(method, budget, codec) → Pooled; a cell's ceiling accuracy is `ceiling_acc(row)` (the
-    same run's by default), so a method run on fewer tasks is compared on those."""
+def _own_acc(r: dict) -> float | None:
+    return acc(r)[0]
+
+
+def summary(rows: list[dict], ceiling_acc=_ceiling_acc,
+            accuracy=_own_acc) -> dict[tuple[str, float, str], Pooled]:
+    """(method, budget, codec) → Pooled; a cell's accuracy is `accuracy(row)` (its questions'
+    own metric by default) and its ceiling's `ceiling_acc(row)` (the same run's by default),
+    so a method run on fewer tasks is compared on those."""
     cells = defaultdict(list)
     for r in rows:
-        if acc(r)[0] is not None and r["questions"]:
+        if accuracy(r) is not None and r["questions"]:
             cells[(name(r), r["budget"], codec_of(r))].append(r)
-    return {key: _pool(group, ceiling_acc) for key, group in cells.items()}
+    return {key: _pool(group, ceiling_acc, accuracy) for key, group in cells.items()}
 
 
-def _pool(rows: list[dict], ceiling_acc) -> Pooled:
+def _pool(rows: list[dict], ceiling_acc, accuracy=_own_acc) -> Pooled:
     def total(value) -> float | None:
         values = [value(r) for r in rows]
         return None if None in values else sum(v * r["questions"] for v, r in zip(values, rows))
 
     n = sum(r["questions"] for r in rows)
-    a, base = total(lambda r: acc(r)[0]), total(ceiling_acc)
+    a, base = total(accuracy), total(ceiling_acc)
     fp16, shipped = total(lambda r: r.get("fp16_bytes")), total(lambda r: r.get("shipped_bytes"))
     return Pooled(a / n, a / base if base else None, n,
                   len({(task_label(r), r["length"]) for r in rows}),
@@ -269,12 +275,14 @@ def tables(rows: list[dict]) -> str:
                 "Pooled over tasks:", "",
                 *summary_table(evict, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
-        if points := f1_of_full(rows):
+        points = {k: p for k, p in f1_of_full(rows).items()
+                  if p.fewer_bytes and p.of_ceiling is not None}
+        if points:
             out += ["F1 frontier (real-QA cells, pooled; F1 over fp16 full KV's on the same "
                     "questions):", "", "| method | budget | codec | × vs fp16 | F1 / full KV "
                     "(fp16) |", "|---|---|---|---|---|"]
-            out += [f"| {m} | {b:g} | {c} | {x:.1f} | {y:.3f} |" for (m, b, c), (x, y) in
-                    sorted(points.items(), key=lambda kv: kv[1][0])]
+            out += [f"| {m} | {b:g} | {c} | {p.fewer_bytes:.1f} | {p.of_ceiling:.3f} |"
+                    for (m, b, c), p in sorted(points.items(), key=lambda kv: kv[1].fewer_bytes)]
             out.append("")
     out += noninferiority.table(rows)
     return "\n".join(out)
@@ -314,7 +322,7 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         plt.close(fig)
     if any(fewer_bytes(r) for r in evict):
         written.append(bytes_frontier_plot(rows, folder / "bytes_frontier.png"))
-    if f1_of_full(rows):
+    if any(p.fewer_bytes for p in f1_of_full(rows).values()):
         written.append(bytes_frontier_plot(rows, folder / "f1_bytes_frontier.png", "f1"))
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
@@ -374,28 +382,18 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], tuple[float, float]]:
-    """(method, budget, codec) → (× fewer bytes than fp16, F1 / fp16 full KV's F1), pooled
-    over the real-QA eviction cells that have an fp16 full-KV cell on the same questions
-    (same task, length, items, seed and model): the F1 frontier of issue 30."""
+def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], Pooled]:
+    """(method, budget, codec) → Pooled in F1, its ceiling the fp16 full-KV cell's F1 on the
+    same questions (same task, length, items, seed and model): real-QA eviction cells that
+    have one, the F1 frontier of issue 30."""
     def group(r: dict) -> tuple:
         return r["task"], r["length"], r["items"], r["seed"], r.get("model")
 
     evict = [r for r in rows if r["suite"] == "evict" and r.get("f1") is not None]
-    full = {group(r): r for r in evict
-            if r["method"] == "full" and codec_of(r) == REFERENCE_CODEC and r.get("f1")}
-    cells = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])  # F1·q, full F1·q, fp16 B, shipped B
-    for r in evict:
-        ref = full.get(group(r))
-        if ref is None or not r.get("shipped_bytes") or not r.get("fp16_bytes"):
-            continue
-        c = cells[(r["method"], r["budget"], codec_of(r))]
-        q = r["questions"]
-        c[0] += r["f1"] * q
-        c[1] += ref["f1"] * q
-        c[2] += r["fp16_bytes"] * q
-        c[3] += r["shipped_bytes"] * q
-    return {key: (fp16 / shipped, f1 / base) for key, (f1, base, fp16, shipped) in cells.items()}
+    full = {group(r): r["f1"] for r in evict
+            if r["method"] == "full" and codec_of(r) == REFERENCE_CODEC and r["f1"]}
+    return summary([r for r in evict if group(r) in full], lambda r: full[group(r)],
+                   lambda r: r["f1"])
 
 
 def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Path:
@@ -410,14 +408,11 @@ def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Pa
     import matplotlib.pyplot as plt
 
     lines = defaultdict(list)
-    if metric == "f1":
-        for (method, budget, codec), (fewer, of_full) in f1_of_full(rows).items():
-            lines[(method, codec)].append((fewer, of_full, budget))
-    else:
-        for (method, budget, codec), p in summary([r for r in rows if r["suite"] == "evict"],
-                                                  full_kv_acc).items():
-            if p.fewer_bytes and p.of_ceiling is not None:
-                lines[(method, codec)].append((p.fewer_bytes, p.of_ceiling, budget))
+    pooled = f1_of_full(rows) if metric == "f1" else summary(
+        [r for r in rows if r["suite"] == "evict"], full_kv_acc)
+    for (method, budget, codec), p in pooled.items():
+        if p.fewer_bytes and p.of_ceiling is not None:
+            lines[(method, codec)].append((p.fewer_bytes, p.of_ceiling, budget))
     methods, codecs = sorted({m for m, _ in lines}), sorted({c for _, c in lines})
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for (method, codec), points in sorted(lines.items()):

@@ -93,8 +93,8 @@ def test_the_f1_frontier_divides_by_the_fp16_full_cell_on_the_same_questions(tmp
     points = f1_of_full(rows)
     assert set(points) == {("full", 1.0, "fp16"), ("full", 1.0, "int4+zstd"),
                            ("snapkv", 0.1, "int4+zstd")}
-    fewer, of_full = points[("snapkv", 0.1, "int4+zstd")]
-    assert (fewer, round(of_full, 4)) == (40.0, 0.75)
+    p = points[("snapkv", 0.1, "int4+zstd")]
+    assert (p.fewer_bytes, round(p.of_ceiling, 4)) == (40.0, 0.75)
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(results, tmp_path).read_text()
