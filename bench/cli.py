@@ -311,8 +311,8 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   concurrent=concurrent, ceilings=out / "ceilings.jsonl", partial=out / "partial.jsonl",
-                   services=out / "services")
+                   concurrent=concurrent, ceilings=out / "ceilings.jsonl",
+                   partial=out / "partial.jsonl", services=out / "services")
     try:
         rows = run_grid(p, results, runner.run, codecs=codecs,
                         progress=lambda cells: tqdm(cells, desc="cells"))

@@ -1,8 +1,9 @@
 """Time to the whole answer, with and without prompt-lookup drafts and int8 decode weights, on
 real questions (issue 28).
 
-`python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic] [--out F]
-[--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,int8] [--no-batch-invariant]`:
+`python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic]
+[--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,int8] [--no-batch-invariant]
+[--out F]`:
 HotpotQA questions of the
 tuning split (`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through
 the served path (`EdgeEngine.answer`, the scheduler, batch-invariant steps unless told
@@ -153,14 +154,13 @@ def main(argv: list[str] | None = None) -> None:
         done = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     with open(out, "a") if out is not None else nullcontext() as f:
         def sink(row: dict) -> None:
-            if f is not None:
-                f.write(json.dumps(row, default=str) + "\n")
-                f.flush()
+            f.write(json.dumps(row, default=str) + "\n")
+            f.flush()
 
         rows = run(args.model, args.questions, args.strategies.split(","), args.style,
                    tuple(int(n) for n in args.spec_rows.split(",")), args.max_new_tokens,
                    invariant=args.invariant, formats=tuple(args.decode_weights.split(",")),
-                   done=done, sink=sink)
+                   done=done, sink=sink if f is not None else None)
     print(f"{args.model}, {args.questions} HotpotQA questions (tuning split, 10 paragraphs), "
           f"style {args.style}, {args.threads} threads, "
           f"{'batch-invariant' if args.invariant else 'unpadded'} steps")

@@ -258,9 +258,19 @@ class Bench:
             self.concurrent > 1 and cell.suite == "evict") else {}
 
     def _ask(self, segments: list, strategy, question: Question) -> dict:
+        return self._scored(self._submit(segments, strategy, question))
+
+    def _submit(self, segments: list, strategy, question: Question) -> tuple:
+        """The question over `segments`, queued in the engine's scheduler: (job, question,
+        its decode budget)."""
         composed = self.engine.compose(segments, question.text, question.instruction)
         budget = self.new_tokens(question)
-        *_, stats = self.engine.answer(composed, strategy, budget)
+        return self.engine.submit_answer(composed, strategy, budget), question, budget
+
+    @staticmethod
+    def _scored(submitted: tuple) -> dict:
+        job, question, budget = submitted
+        *_, stats = job.events()
         return scored(stats, question, budget)
 
     def _ask_all(self, segments: list, strategy, questions: list[Question]) -> list[dict]:
@@ -268,20 +278,12 @@ class Bench:
         each submitted before the oldest is read, so the scheduler decodes them together."""
         pending, out = deque(), []
         extra = {"concurrent": self.concurrent} if self.concurrent > 1 else {}
-
-        def collect():
-            job, question, budget = pending.popleft()
-            *_, stats = job.events()
-            out.append({**scored(stats, question, budget), **extra})
-
         for q in questions:
-            composed = self.engine.compose(segments, q.text, q.instruction)
-            budget = self.new_tokens(q)
-            pending.append((self.engine.submit_answer(composed, strategy, budget), q, budget))
+            pending.append(self._submit(segments, strategy, q))
             if len(pending) >= self.concurrent:
-                collect()
+                out.append({**self._scored(pending.popleft()), **extra})
         while pending:
-            collect()
+            out.append({**self._scored(pending.popleft()), **extra})
         return out
 
     # ------------------------------------------------------------------ hotpot-kb
