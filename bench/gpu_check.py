@@ -170,6 +170,60 @@ def kernel_speed(device) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------------- 3b. decode attention
+def _backends(names):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, n) for n in names])
+
+
+SDPA_VARIANTS = {  # name → (backends or None for torch's own choice, K/V made contiguous)
+    "default_view": (None, False),
+    "default_contiguous": (None, True),
+    "flash_view": (("FLASH_ATTENTION",), False),
+    "efficient_view": (("EFFICIENT_ATTENTION",), False),
+    "math_view": (("MATH",), False),
+    "cudnn_view": (("CUDNN_ATTENTION",), False),
+    "no_cudnn_view": (("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"), False),
+}
+
+
+def sdpa_probe(device, heads=14, kv_heads=2, dim=64, start=1300, calls=40) -> list[dict]:
+    """One decode query against a growing cache, as `batch._attend_past` calls it: q
+    (1, Hq, 1, D) against views k[:, :n] of a preallocated (Hkv, capacity, D) buffer, n
+    growing by one per call — ms per call (host wall, synchronized once per 40 calls) for
+    each backend choice, and with the same n every call (a backend that plans per shape)."""
+    import torch.nn.functional as F
+
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        k = torch.randn(kv_heads, start + 2 * calls, dim, device=device, dtype=dtype)
+        v = torch.randn_like(k)
+        q = torch.randn(1, heads, 1, dim, device=device, dtype=dtype)
+        for name, (backends, contiguous) in SDPA_VARIANTS.items():
+            for growing in (True, False):
+                def run():
+                    for i in range(calls):
+                        n = start + (i if growing else 0)
+                        kk, vv = k[None, :, :n], v[None, :, :n]
+                        if contiguous:
+                            kk, vv = kk.contiguous(), vv.contiguous()
+                        F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
+                try:
+                    if backends is None:
+                        ms = median_ms(run, device, repeats=5, warmup=1) / calls
+                    else:
+                        with _backends(backends):
+                            ms = median_ms(run, device, repeats=5, warmup=1) / calls
+                    rows.append({"dtype": str(dtype).split(".")[1], "variant": name,
+                                 "n": "growing" if growing else "fixed", "ms_per_call": ms})
+                except Exception as e:  # noqa: BLE001 - a backend that refuses is a finding
+                    rows.append({"dtype": str(dtype).split(".")[1], "variant": name,
+                                 "n": "growing" if growing else "fixed",
+                                 "error": str(e).split("\n")[0][:120]})
+    return rows
+
+
 # ---------------------------------------------------------------------- 4. realign
 class _Pieces:
     """A RowSource over pre-encoded per-head pieces (what an opened pack hands out)."""
@@ -267,6 +321,22 @@ def _hf_decode_ms(model, ids, steps, device) -> float:
         return median_ms(step, device, repeats=steps, warmup=2)
 
 
+class _torch_sdpa_choice:
+    """The runtime's attention calls with torch's own backend choice (cuDNN included), as
+    before `kvedge.common.model.attention.sdpa` left cuDNN out on CUDA."""
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        from kvedge.common.model import attention, batch
+        self.saved = attention.sdpa, batch.sdpa
+        attention.sdpa = batch.sdpa = F.scaled_dot_product_attention
+
+    def __exit__(self, *exc):
+        from kvedge.common.model import attention, batch
+        attention.sdpa, batch.sdpa = self.saved
+
+
 def _kv_decode_ms(rt, ids, steps, batch, device) -> float:
     from kvedge.common.model.batch import decode_step
     from kvedge.common.model.decoding import Decoding, Prompt
@@ -356,12 +426,19 @@ def runtime_check(device, quick: bool, profile: bool = True) -> list[dict]:
             steps = 8 if quick else 40
             row["hf_ms_per_token"] = _hf_decode_ms(model, ids.to(device), steps, device)
             row["kvedge_ms_per_token"] = _kv_decode_ms(rt, ids, steps, 1, device)
+            with _torch_sdpa_choice():
+                row["kvedge_ms_torch_sdpa_choice"] = _kv_decode_ms(rt, ids, steps, 1, device)
+            with torch.no_grad():
+                row["hf_prefill_ms"] = median_ms(lambda: model(ids[None].to(device)), device,
+                                                 repeats=5, warmup=1)
+            row["kvedge_prefill_ms"] = median_ms(lambda: rt.prefill(ids), device, repeats=5,
+                                                 warmup=1)
             row["kvedge_ms_per_step_b16"] = _kv_decode_ms(rt, ids, steps, 16 if not quick
                                                           else 2, device)
             rows.append(row)
         if profile and not quick:
             rows[-1]["profile"] = _profile(rt, model, ids, device)
-        del model, rt, upcast
+        model = rt = upcast = None  # the next dtype's model replaces them on the device
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -416,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = [("ceilings", lambda: ceilings(device), True),
                 ("kernels", lambda: kernel_checks(device), interpreted),
                 ("kernel_speed", lambda: kernel_speed(device), False),
+                ("sdpa", lambda: sdpa_probe(device), False),
                 ("realign", lambda: realign_check(device, **small), True),
                 ("runtime", lambda: runtime_check(device, args.quick), True)]
     only = set(filter(None, args.only.split(",")))
@@ -440,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     if "kernels" in result:
         print(_table("kernels: worst ‖out − ref‖/‖ref‖ against float64",
                      _kernel_summary(result["kernels"])))
-    for name in ("ceilings", "kernel_speed", "realign", "runtime"):
+    for name in ("ceilings", "kernel_speed", "sdpa", "realign", "runtime"):
         if name in result:
             print(_table(name, result[name]))
     return 1 if any(k.endswith("_error") for k in result) else 0

@@ -10,13 +10,14 @@ Layout (kvedge.kernels.quant): packed (n, W) uint8, W = D / codes per byte (8 //
 0, bits, 2·bits, ...; scale and zero fp16, (ceil(n/G), D) per channel or (n, ceil(D/G)) per token.
 
 `dequant_rope_reference` is the torch oracle and the CPU path, `dequant_rope_triton` the
-kernel, `dequant_rope` dispatches (Triton on CUDA, the reference elsewhere).
+kernel (`dequant_rope_many`: several tensors of one layout in one launch), `dequant_rope`
+dispatches (Triton on CUDA, the reference elsewhere).
 """
 from __future__ import annotations
 
 import torch
 
-from kvedge.kernels.quant import QuantizedTensor
+from kvedge.kernels.quant import QuantizedTensor, group_rows
 from kvedge.kernels.rope import rope_reference, use_triton
 
 
@@ -36,11 +37,12 @@ def _build_kernel():
     import triton.language as tl
 
     @triton.jit
-    def dequant_rope_kernel(packed_ptr, scale_ptr, zero_ptr, pos_ptr, inv_freq_ptr, out_ptr,
-                            scaling, n_rows, n_scale_cols,
+    def dequant_rope_kernel(packed_ptr, scale_ptr, zero_ptr, srow_ptr, pos_ptr, inv_freq_ptr,
+                            out_ptr, scaling, n_rows, n_scale_cols,
                             D: tl.constexpr, BITS: tl.constexpr, WIDTH: tl.constexpr,
                             GROUP: tl.constexpr, PER_CHANNEL: tl.constexpr,
-                            ROTATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+                            INDEXED: tl.constexpr, ROTATE: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
         half: tl.constexpr = D // 2
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_H)
@@ -51,7 +53,11 @@ def _build_kernel():
         byte = tl.load(packed_ptr + r3 * WIDTH + ch % WIDTH, mask=mask, other=0).to(tl.int32)
         code = (byte >> ((ch // WIDTH) * BITS)) & ((1 << BITS) - 1)
         if PER_CHANNEL:
-            idx = (r3 // GROUP) * D + ch
+            if INDEXED:  # several tensors stacked: each row's group row is given
+                srow = tl.load(srow_ptr + r3, mask=r3 < n_rows, other=0)
+                idx = srow * D + ch
+            else:
+                idx = (r3 // GROUP) * D + ch
         else:
             idx = r3 * n_scale_cols + ch // GROUP
         # cast after load: the interpreter mishandles fp16/bf16 arithmetic
@@ -79,29 +85,53 @@ def dequant_rope_triton(q: QuantizedTensor, positions: torch.Tensor | None = Non
                         out_dtype: torch.dtype = torch.float32,
                         block_rows: int = 16) -> torch.Tensor:
     """Triton kernel: same contract as `dequant_rope_reference`."""
+    return dequant_rope_many([q], positions, inv_freq, scaling, out_dtype, block_rows)
+
+
+def dequant_rope_many(qs: list[QuantizedTensor], positions: torch.Tensor | None = None,
+                      inv_freq: torch.Tensor | None = None, scaling: float = 1.0,
+                      out_dtype: torch.dtype = torch.float32,
+                      block_rows: int = 16) -> torch.Tensor:
+    """Tensors of one layout (bits, group size, axis, D) → their rows stacked (Σn, D),
+    rotated to positions (Σn,) when given, in ONE launch: what `dequant_rope_triton` of each
+    then `torch.cat` gives, without a launch per tensor (a loader's layer is ~8 heads × 20
+    segments of pieces; launched one by one on an H200 they cost more than the batched torch
+    pass, `python -m kvedge.bench.gpu_check`). Stacked per-channel tensors pass each row's
+    scale row (`kvedge.kernels.quant.group_rows`), since a tensor's last group may be short."""
     global _KERNEL
     if _KERNEL is None:
         _KERNEL = _build_kernel()
-    n, dim = q.n, q.dim
+    q0, device = qs[0], qs[0].packed.device
+    n, dim = sum(q.n for q in qs), q0.dim
     if dim % 2:
         raise ValueError(f"head_dim must be even, got {dim}")
-    out = torch.empty(n, dim, dtype=out_dtype, device=q.packed.device)
+    if any(_layout(q) != _layout(q0) for q in qs):
+        raise ValueError("dequant_rope_many needs tensors of one layout (bits, group, axis, D)")
+    out = torch.empty(n, dim, dtype=out_dtype, device=device)
     if n == 0:
         return out
+    stack = (lambda ts: ts[0].contiguous()) if len(qs) == 1 else torch.cat  # noqa: E731
+    packed, scale, zero = (stack([getattr(q, a) for q in qs]) for a in ("packed", "scale",
+                                                                          "zero"))
+    indexed = q0.per_channel and len(qs) > 1
+    srow = (group_rows(torch.tensor([q.n for q in qs]), q0.group_size).to(device)
+            if indexed else torch.zeros(1, dtype=torch.int64, device=device))
     rotate = positions is not None
-    device = q.packed.device
     pos = (positions.to(device, torch.int64).contiguous() if rotate
            else torch.zeros(1, dtype=torch.int64, device=device))
     freq = (inv_freq.to(device, torch.float32).contiguous() if rotate
             else torch.zeros(1, dtype=torch.float32, device=device))
     block_h = 1 << (dim // 2 - 1).bit_length()
     grid = ((n + block_rows - 1) // block_rows,)
-    _KERNEL[grid](q.packed.contiguous(), q.scale.contiguous(), q.zero.contiguous(), pos, freq,
-                  out, float(scaling), n, q.scale.shape[1],
-                  D=dim, BITS=q.bits, WIDTH=q.packed.shape[1], GROUP=q.group_size,
-                  PER_CHANNEL=q.per_channel,
+    _KERNEL[grid](packed, scale, zero, srow, pos, freq, out, float(scaling), n, scale.shape[1],
+                  D=dim, BITS=q0.bits, WIDTH=packed.shape[1], GROUP=q0.group_size,
+                  PER_CHANNEL=q0.per_channel, INDEXED=indexed,
                   ROTATE=rotate, BLOCK_R=block_rows, BLOCK_H=block_h)
     return out
+
+
+def _layout(q: QuantizedTensor) -> tuple:
+    return q.bits, q.group_size, q.per_channel, q.dim
 
 
 def dequant_rope(q: QuantizedTensor, positions: torch.Tensor | None = None,

@@ -74,7 +74,7 @@ def dequantize_many(qs: list[QuantizedTensor]) -> torch.Tensor:
     scale, zero = (torch.cat([t.to(torch.float32) for t in ts])
                    for ts in ([q.scale for q in qs], [q.zero for q in qs]))
     if q0.per_channel:  # a group runs along the rows of one tensor: row r → its group's row
-        idx = _group_rows(torch.tensor([q.n for q in qs]), q0.group_size).to(codes.device)
+        idx = group_rows(torch.tensor([q.n for q in qs]), q0.group_size).to(codes.device)
         scale, zero = scale[idx], zero[idx]
     else:  # a group runs along the channels of one row
         scale, zero = (expand_groups(t, q0.group_size, False, codes.shape[0], q0.dim)
@@ -82,7 +82,7 @@ def dequantize_many(qs: list[QuantizedTensor]) -> torch.Tensor:
     return codes * scale + zero
 
 
-def _group_rows(n: torch.Tensor, group: int) -> torch.Tensor:
+def group_rows(n: torch.Tensor, group: int) -> torch.Tensor:
     """For tensors of n[i] rows stacked, each row's index among their stacked group rows."""
     groups = -(-n // group)
     first_row = torch.cumsum(n, 0) - n

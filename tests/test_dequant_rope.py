@@ -8,8 +8,8 @@ import torch  # noqa: E402
 
 from kvedge.common.pack.codecs import Role, get_codec  # noqa: E402
 from kvedge.kernels.quant import quantize  # noqa: E402
-from kvedge.kernels.dequant_rope import (dequant_rope, dequant_rope_reference,  # noqa: E402
-                                         dequant_rope_triton)
+from kvedge.kernels.dequant_rope import (dequant_rope, dequant_rope_many,  # noqa: E402
+                                         dequant_rope_reference, dequant_rope_triton)
 from kvedge.kernels.rope import rope_reference  # noqa: E402
 
 triton = pytest.importorskip("triton")
@@ -74,3 +74,28 @@ def test_dispatcher_uses_the_reference_on_cpu(monkeypatch):
     q = quantize(torch.randn(4, 64), 4, 32, False)
     torch.testing.assert_close(dequant_rope(q, torch.arange(4), inv_freq(64)),
                                dequant_rope_reference(q, torch.arange(4), inv_freq(64)))
+
+
+@pytest.mark.parametrize("bits, per_channel, group", [(4, True, 32), (2, False, 16),
+                                                      (8, True, 7)])
+def test_many_tensors_in_one_launch_are_each_launched_alone(bits, per_channel, group):
+    """Stacked tensors whose last groups are short (45, 1 and 32 rows against groups of 32):
+    each row still reads its own tensor's scale row."""
+    g = torch.Generator().manual_seed(bits)
+    qs = [quantize(torch.randn(n, 64, generator=g) * 3, bits, group, per_channel)
+          for n in (45, 1, 32)]
+    pos = torch.randint(0, 9000, (78,), generator=g)
+    for positions in (pos, None):
+        got = dequant_rope_many(qs, positions, inv_freq(64), 1.0, torch.float16)
+        alone, start = [], 0
+        for q in qs:
+            p = None if positions is None else positions[start: start + q.n]
+            alone.append(dequant_rope_triton(q, p, inv_freq(64), 1.0, torch.float16))
+            start += q.n
+        assert torch.equal(got, torch.cat(alone))
+
+
+def test_many_refuses_mixed_layouts():
+    qs = [quantize(torch.randn(4, 64), 4, 32, True), quantize(torch.randn(4, 64), 4, 32, False)]
+    with pytest.raises(ValueError, match="one layout"):
+        dequant_rope_many(qs)

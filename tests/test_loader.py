@@ -141,8 +141,10 @@ def test_a_pack_segment_reads_as_its_context():
 
 
 def test_the_fused_kernel_path_matches_the_torch_path(monkeypatch):
-    """The CUDA path (Triton's dequantize+RoPE per piece, here in its CPU interpreter) against
-    the batched torch path it falls back to: fp32 math in a different order, ≤ 1e-5."""
+    """The CUDA path (Triton's dequantize+RoPE, one launch per quantization layout, here in
+    its CPU interpreter) against the batched torch path it falls back to: fp32 math in a
+    different order, ≤ 1e-5. cachegen's pieces mix layouts (full-precision first and last
+    tokens), so the rows of several launches are put back in order."""
     pytest.importorskip("triton")
     import kvedge.common.pack.realign as realign
     import kvedge.kernels.dequant_rope as dequant

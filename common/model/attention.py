@@ -13,6 +13,26 @@ import torch.nn.functional as F
 
 QUERY_CHUNK = 2048  # bounds the (queries × keys) score matrix for long prefills
 
+# SDPA backends on CUDA: torch's own choice less cuDNN's. On an H200 (torch 2.11, bf16,
+# Qwen2.5-0.5B's shapes) cuDNN took 1.6 ms of host time per decode call in the runtime's
+# step — 54 ms a token, 3× transformers' 16 ms — and 18 ms without it; in isolation the same
+# shapes took 29 µs, so it is something about the runtime's calls (views into the growing
+# buffers, the sliced queries) that makes it re-plan; not established which
+# (`python -m kvedge.bench.gpu_check`). Flash and the math kernel give the same function.
+_CUDA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`; on CUDA without the cuDNN backend when no mask is
+    given (what was measured, above: with a mask, flash does not apply and torch's choice
+    stands)."""
+    if not q.is_cuda or kwargs.get("attn_mask") is not None:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, name) for name in _CUDA_BACKENDS]):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
 
 class OwnKV(NamedTuple):
     """The run tokens' own fresh K/V at one layer, k, v (Hkv, N, D) rotated, and `private`
@@ -62,9 +82,8 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
         # token): the mask is the lower triangle, and the fused kernel's causal mode skips
         # the blocks above it — 2.2× less attention time than the same mask given explicitly
         # (4.3K tokens, SmolLM2 shapes, 2 threads)
-        out = F.scaled_dot_product_attention(q.reshape(1, n_kv * group, n_q, dim), k[None],
-                                             v[None], is_causal=True, scale=scale,
-                                             enable_gqa=group > 1)
+        out = sdpa(q.reshape(1, n_kv * group, n_q, dim), k[None], v[None], is_causal=True,
+                   scale=scale, enable_gqa=group > 1)
         return out.view(n_kv, group, n_q, dim)
     out = torch.empty_like(q)
     for start in range(0, n_q, QUERY_CHUNK):
@@ -75,8 +94,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
         qc = q[:, :, start:stop].reshape(1, n_kv * group, stop - start, dim)
         # 4-D with enable_gqa reaches the fused CPU/GPU kernels (a 3-D call falls back to the
         # unfused math path: ~5× slower); kv head j serves query heads jG..jG+G−1, as in HF
-        oc = F.scaled_dot_product_attention(qc, k[None], v[None], attn_mask=mask, scale=scale,
-                                            enable_gqa=group > 1)
+        oc = sdpa(qc, k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=group > 1)
         oc = oc.view(n_kv, group, stop - start, dim)
         blind = ~mask.any(-1)
         if blind.any():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvedge.common.model.attention import visible
+from kvedge.common.model.attention import sdpa, visible
 from kvedge.common.errors import CacheError
 from kvedge.common.model.decoding import Decoding
 from kvedge.common.model.kvcache import LayerKV
@@ -170,9 +170,8 @@ def _attend_past(rt: Runtime, i: int, layer: LayerKV, pos: torch.Tensor, q: torc
         # step with Runtime.forward exactly) and skips building and converting one
         mask = None if window is None else visible(pos, g.positions, window)
         heads = slice(g.first * group, (g.first + g.keys.shape[0]) * group)
-        out.append(F.scaled_dot_product_attention(q[:, heads], g.keys[None], g.values[None],
-                                                  attn_mask=mask, scale=rt.scale,
-                                                  enable_gqa=group > 1))
+        out.append(sdpa(q[:, heads], g.keys[None], g.values[None], attn_mask=mask,
+                        scale=rt.scale, enable_gqa=group > 1))
     return (out[0] if len(out) == 1 else torch.cat(out, 1)).reshape(1, -1)
 
 
