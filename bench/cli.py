@@ -289,9 +289,11 @@ def bench():
               "question the edge's retrieval order (BM25, best last); cells do not record it: "
               "give such a run its own --out")
 @click.option("--concurrent", type=click.IntRange(1), default=1, show_default=True,
-              help="eviction cells' questions in flight at once, decoded together by the "
-              "edge's scheduler: the same answers (batch-invariant) in less time; their "
-              "TTFTs then include each other's prefills (rows record it)")
+              help="questions in flight at once, decoded together by the edge's "
+              "scheduler: the same answers (batch-invariant) in less time (eviction cells: "
+              "one context's questions; reuse cells: successive items'). Their TTFTs then "
+              "include each other's prefills: rows record it, and a cell's time ratios "
+              "against a ceiling asked otherwise are left out")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
             concurrent, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling

@@ -58,6 +58,8 @@ METRICS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_byt
 RATIOS = ("score", "any", "all", "first_token_s", "tpot_s", "answer_s", "kv_bytes",
           "shipped_bytes", *QA_METRICS)
 MEDIANS = ("first_token_s",)  # also reported as medians (and their ratio)
+TIMES = ("first_token_s", "tpot_s", "answer_s")  # no ratio between rows asked concurrently
+#                                                  and rows asked alone
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
 PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
@@ -88,10 +90,11 @@ class Bench:
     #                                     so a cell cut off resumes (None: not kept)
     services: Path | None = None        # hotpot-kb's gateway data and edge state, kept so a
     #                                     later run finds its KB ingested (None: temporary)
-    concurrent: int = 1                 # eviction cells' questions in flight at once: the
-    #                                     scheduler decodes them together (answers are batch-
-    #                                     invariant, so equal; each TTFT then includes its
-    #                                     neighbours' prefills, and rows say so)
+    concurrent: int = 1                 # questions in flight at once (an eviction context's,
+    #                                     or successive reuse items'): the scheduler decodes
+    #                                     them together (answers are batch-invariant, so
+    #                                     equal; each TTFT then includes its neighbours'
+    #                                     prefills, and rows say so)
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -166,25 +169,47 @@ class Bench:
             self._partial.discard(self._partial_key(cell, i) for i in items)
         return row
 
-    def _by_item(self, cell: Cell, items: list[QAItem], measure) -> list[dict]:
+    def _by_item(self, cell: Cell, items: list[QAItem], measure, submit=None) -> list[dict]:
         """`measure(item)`'s rows for every item; with a partial store each item's rows are
         kept as measured and read back (marked `resumed`, their timings from the process
-        that made them) when an earlier run of the cell stopped after them."""
-        out = []
-        for item in items:
+        that made them) when an earlier run of the cell stopped after them.
+
+        With `concurrent` > 1 and `submit(item)` (the item's questions queued in the
+        engine's scheduler: a list of `_submit`'s tuples with what each row adds), the
+        questions of successive items are kept in flight up to `concurrent` at once, the
+        oldest item read back first: the scheduler decodes them together."""
+        rows_of: dict[int, list[dict]] = {}
+        in_flight: deque = deque()  # (item index, partial key, [(submitted, extra)])
+
+        def keep(i: int, key, rows: list[dict]) -> None:
+            if key:
+                self._partial.put(key, items[i].key, rows)
+            rows_of[i] = rows
+
+        def read_oldest() -> None:
+            i, key, jobs = in_flight.popleft()
+            keep(i, key, [{**self._scored(job), **extra} for job, extra in jobs])
+
+        for i, item in enumerate(items):
             key = self._partial_key(cell, item) if self._partial is not None else None
             rows = self._partial.get(key) if key else None
-            if rows is None:
-                rows = measure(item)
-                if key:
-                    self._partial.put(key, item.key, rows)
+            if rows is not None:
+                rows_of[i] = [{**row, "resumed": True} for row in rows]
+            elif submit is None or self.concurrent == 1:
+                keep(i, key, measure(item))
             else:
-                rows = [{**row, "resumed": True} for row in rows]
-            out.extend(rows)
-        return out
+                in_flight.append((i, key, submit(item)))
+                while sum(len(jobs) for *_, jobs in in_flight) >= self.concurrent:
+                    read_oldest()
+        while in_flight:
+            read_oldest()
+        return [row for i in range(len(items)) for row in rows_of[i]]
 
     def _partial_key(self, cell: Cell, item: QAItem) -> str:
-        return ceiling_key(item, **self._prompt_settings(cell), cell=cell.key)
+        """An unfinished cell's rows are kept under its ceiling key, the cell and, when its
+        questions were asked concurrently, how many at once."""
+        settings = {**self._prompt_settings(cell), **self._in_flight()}
+        return ceiling_key(item, **settings, cell=cell.key)
 
     def _items(self, cell: Cell) -> list[QAItem]:
         if cell.task == HOTPOT_KB:  # each question's documents: what the edge retrieves
@@ -206,8 +231,10 @@ class Bench:
                 ceilings)
         if cell.suite == "reuse":
             strategy = reuse_strategy(cell)
-            outcomes = self._by_item(cell, items,
-                                     lambda i: self._reuse(i, strategy, cell.codec))
+            outcomes = self._by_item(
+                cell, items, lambda i: self._reuse(i, strategy, cell.codec),
+                lambda i: [(job, {**extra, **self._in_flight()})
+                           for job, extra in self._reuse_jobs(i, strategy, cell.codec)])
         else:
             outcomes = self._by_item(
                 cell, items, lambda i: self._evict(i, cell.method, cell.budget, cell.codec))
@@ -254,11 +281,11 @@ class Bench:
     def _concurrency(self, cell: Cell) -> dict:
         """What rows record of concurrent asks (nothing when one at a time, so earlier
         ceilings keep their keys)."""
-        return {"concurrent": self.concurrent} if (
-            self.concurrent > 1 and cell.suite == "evict") else {}
+        return self._in_flight() if cell.suite == "evict" else {}
 
-    def _ask(self, segments: list, strategy, question: Question) -> dict:
-        return self._scored(self._submit(segments, strategy, question))
+    def _in_flight(self) -> dict:
+        """What a row asked concurrently records (nothing when one at a time)."""
+        return {"concurrent": self.concurrent} if self.concurrent > 1 else {}
 
     def _submit(self, segments: list, strategy, question: Question) -> tuple:
         """The question over `segments`, queued in the engine's scheduler: (job, question,
@@ -277,7 +304,7 @@ class Bench:
         """`_ask` for each question over the same segments, `concurrent` of them in flight:
         each submitted before the oldest is read, so the scheduler decodes them together."""
         pending, out = deque(), []
-        extra = {"concurrent": self.concurrent} if self.concurrent > 1 else {}
+        extra = self._in_flight()
         for q in questions:
             pending.append(self._submit(segments, strategy, q))
             if len(pending) >= self.concurrent:
@@ -306,13 +333,18 @@ class Bench:
         """Every question of the item over its documents' packs, composed in the item's
         order or, `order="retrieved"`, in the order the edge's retrieval gives that question;
         the packs are loaded once per item (`load_s`, what each question's edge-cache miss
-        costs)."""
+        costs). One question at a time: each is read back before the next is queued."""
+        return [{**self._scored(job), **extra}
+                for job, extra in self._reuse_jobs(item, strategy, codec)]
+
+    def _reuse_jobs(self, item: QAItem, strategy, codec: str):
+        """`_reuse`'s questions, each queued in the scheduler as the caller asks for the next:
+        yields (`_submit`'s tuple, what its row adds)."""
         files = [self.pack_files(doc, False, codec) for doc in item.documents]
         start = time.perf_counter()
         segments = [[self.load(path) for path, _ in doc] for doc in files]
         common = {"load_s": time.perf_counter() - start, "documents": len(item.documents),
                   "shipped_bytes": sum(size for doc in files for _, size in doc)}
-        out = []
         for i, (q, order) in enumerate(zip(item.questions, self.document_orders(item))):
             composed_of = [seg for d in order for seg in segments[d]]
             phases = {}
@@ -321,9 +353,8 @@ class Bench:
                 phases = {f"phase_{k}": v for k, v in ttft_phases(
                     self.engine.rt, composed, strategy, self.new_tokens(q)).items()}
             at = order.index(item.answer_at[i]) if item.answer_at else None
-            out.append({**self._ask(composed_of, strategy, q), **common, **phases,
-                        "answer_at": at})
-        return out
+            yield (self._submit(composed_of, strategy, q),
+                   {**common, **phases, "answer_at": at})
 
     def document_orders(self, item: QAItem) -> list[list[int]]:
         """Per question, the indices of the item's documents in the order its prompt
@@ -584,6 +615,14 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
         value, base = _median(outcomes, key), _median(ceilings, key)
         out[f"{key}_median"], out[f"ceiling_{key}_median"] = value, base
         out[f"{key}_median_ratio"] = value / base if value is not None and base else None
+    concurrency = {o.get("concurrent") for o in outcomes} | {c.get("concurrent")
+                                                               for c in ceilings}
+    if len(concurrency) > 1:  # times taken beside other asks against times taken alone
+        out["times_comparable"] = False
+        for key in TIMES:
+            out[f"{key}_ratio"] = None
+            if key in MEDIANS:
+                out[f"{key}_median_ratio"] = None
     pairs = [(o["score"], c["score"]) for o, c in zip(outcomes, ceilings)
              if o.get("score") is not None and c.get("score") is not None]
     out["gained"] = sum(a > b for a, b in pairs)

@@ -421,6 +421,30 @@ def test_concurrent_asks_give_the_same_answers():
     assert "concurrent" not in one._prompt_settings(cell)
 
 
+def test_concurrent_reuse_cells_answer_as_one_at_a_time_and_resume(tmp_path):
+    """`concurrent` reuse asks keep successive items' questions in flight together: the same
+    answers as one at a time, rows record it, the ceiling is the one-at-a-time one (its key
+    leaves concurrency out), the cell's time ratios against it are left out, and an
+    unfinished cell's rows are kept apart from a one-at-a-time run's."""
+    from kvedge.bench.cli import apply_overrides
+
+    p = apply_overrides(preset("reuse", "tiny-llama"), tasks=["multidoc_qa"], lengths=[2],
+                        strategies=["epic"], items=5)
+    cell, = [c for c in p.cells() if c.method == "epic"]
+    one = Bench("tiny-llama", max_new_tokens=4, breakdown=None)
+    many = Bench("tiny-llama", max_new_tokens=4, breakdown=None, concurrent=3,
+                 partial=tmp_path / "partial.jsonl")
+    alone, together = one.run(cell), many.run(cell)
+    assert together["questions"] == alone["questions"] >= 5
+    assert together["answers"] == alone["answers"]
+    assert together["ceiling_score"] == alone["ceiling_score"]
+    assert together["times_comparable"] is False and "times_comparable" not in alone
+    assert together["first_token_s_ratio"] is None and alone["first_token_s_ratio"] > 0
+    item = many._items(cell)[0]
+    assert many._partial_key(cell, item) != one._partial_key(cell, item)
+    assert "concurrent" not in many._prompt_settings(cell)  # the ceiling's key
+
+
 def test_shared_context_gives_the_full_prefills_logits():
     """A later question over the first prefill's context KV: its last token's logits are the
     full prefill's (`EdgeEngine.answer` with recompute plans exactly this forward)."""
