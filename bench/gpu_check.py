@@ -13,14 +13,17 @@ runs the runtime sections at toy sizes, which is how this script is tested):
    the fused kernel and the torch reference on the GPU: median time and GB/s (packed codes,
    scales and zero points read once, output written once) against the copy ceiling.
 4. **realign** — one layer of a composed cache (8 heads × 20 segments × 512 tokens, int4+zstd)
-   through `realign_layer` three ways: CUDA with the fused kernel per piece (the default),
-   CUDA with the batched torch pass (`KVEDGE_NO_TRITON=1`) and the CPU path (the reference):
-   time per layer and the largest difference from the CPU path.
-5. **runtime** — a random-weight model of Qwen2.5-0.5B's shape on the GPU: the runtime's
-   prefill logits against transformers' forward, greedy tokens against transformers'
-   `generate`, and ms per decoded token (the scheduler's `decode_step`, batch 1 and 16)
-   against transformers' own forward with its `DynamicCache`, at 1.3K and 8K tokens of
-   context; the weights' bytes over the copy ceiling is the step's floor.
+   through `realign_layer` three ways: CUDA with the fused kernel, one launch per
+   quantization layout (the default), CUDA with the batched torch pass
+   (`KVEDGE_NO_TRITON=1`) and the CPU path (the reference): time per layer and the largest
+   difference from the CPU path.
+5. **sdpa** and **runtime** (`kvedge.bench.gpu_runtime`) — one decode query's SDPA under each
+   backend; a random-weight model of Qwen2.5-0.5B's shape on the GPU: the runtime's prefill
+   logits against transformers' forward, greedy tokens against transformers' `generate`, ms
+   per decoded token (the scheduler's `decode_step`, batch 1 and 16; also with torch's own
+   SDPA backend choice) and per prefill against transformers', at 1.3K and 8K tokens of
+   context, and a profile of the decode step; the weights' bytes over the copy ceiling is
+   the step's floor.
 
 Prints one table per section last and writes everything to OUT/gpu_check.json.
 """
@@ -32,7 +35,6 @@ import statistics
 import sys
 import time
 import traceback
-from types import SimpleNamespace
 
 import torch
 
@@ -170,60 +172,6 @@ def kernel_speed(device) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------- 3b. decode attention
-def _backends(names):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, n) for n in names])
-
-
-SDPA_VARIANTS = {  # name → (backends or None for torch's own choice, K/V made contiguous)
-    "default_view": (None, False),
-    "default_contiguous": (None, True),
-    "flash_view": (("FLASH_ATTENTION",), False),
-    "efficient_view": (("EFFICIENT_ATTENTION",), False),
-    "math_view": (("MATH",), False),
-    "cudnn_view": (("CUDNN_ATTENTION",), False),
-    "no_cudnn_view": (("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"), False),
-}
-
-
-def sdpa_probe(device, heads=14, kv_heads=2, dim=64, start=1300, calls=40) -> list[dict]:
-    """One decode query against a growing cache, as `batch._attend_past` calls it: q
-    (1, Hq, 1, D) against views k[:, :n] of a preallocated (Hkv, capacity, D) buffer, n
-    growing by one per call — ms per call (host wall, synchronized once per 40 calls) for
-    each backend choice, and with the same n every call (a backend that plans per shape)."""
-    import torch.nn.functional as F
-
-    rows = []
-    for dtype in (torch.bfloat16, torch.float32):
-        k = torch.randn(kv_heads, start + 2 * calls, dim, device=device, dtype=dtype)
-        v = torch.randn_like(k)
-        q = torch.randn(1, heads, 1, dim, device=device, dtype=dtype)
-        for name, (backends, contiguous) in SDPA_VARIANTS.items():
-            for growing in (True, False):
-                def run():
-                    for i in range(calls):
-                        n = start + (i if growing else 0)
-                        kk, vv = k[None, :, :n], v[None, :, :n]
-                        if contiguous:
-                            kk, vv = kk.contiguous(), vv.contiguous()
-                        F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
-                try:
-                    if backends is None:
-                        ms = median_ms(run, device, repeats=5, warmup=1) / calls
-                    else:
-                        with _backends(backends):
-                            ms = median_ms(run, device, repeats=5, warmup=1) / calls
-                    rows.append({"dtype": str(dtype).split(".")[1], "variant": name,
-                                 "n": "growing" if growing else "fixed", "ms_per_call": ms})
-                except Exception as e:  # noqa: BLE001 - a backend that refuses is a finding
-                    rows.append({"dtype": str(dtype).split(".")[1], "variant": name,
-                                 "n": "growing" if growing else "fixed",
-                                 "error": str(e).split("\n")[0][:120]})
-    return rows
-
-
 # ---------------------------------------------------------------------- 4. realign
 class _Pieces:
     """A RowSource over pre-encoded per-head pieces (what an opened pack hands out)."""
@@ -293,157 +241,6 @@ def realign_check(device, n_kv=8, dim=128, segments=20, tokens=512) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------- 5. runtime
-def _qwen_shape(quick: bool):
-    from transformers import Qwen2Config
-
-    if quick:
-        return Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=4096, rope_theta=1e6,
-                           tie_word_embeddings=True)
-    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                       max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)
-
-
-def _hf_decode_ms(model, ids, steps, device) -> float:
-    from transformers import DynamicCache
-
-    with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        last = [model(ids[None], past_key_values=cache, use_cache=True).logits[0, -1].argmax()]
-
-        def step():
-            last[0] = model(last[0].view(1, 1), past_key_values=cache,
-                            use_cache=True).logits[0, -1].argmax()
-            last[0].item()  # the token goes back to the host, as a server's does
-        return median_ms(step, device, repeats=steps, warmup=2)
-
-
-class _torch_sdpa_choice:
-    """The runtime's attention calls with torch's own backend choice (cuDNN included), as
-    before `kvedge.common.model.attention.sdpa` left cuDNN out on CUDA."""
-
-    def __enter__(self):
-        import torch.nn.functional as F
-
-        from kvedge.common.model import attention, batch
-        self.saved = attention.sdpa, batch.sdpa
-        attention.sdpa = batch.sdpa = F.scaled_dot_product_attention
-
-    def __exit__(self, *exc):
-        from kvedge.common.model import attention, batch
-        attention.sdpa, batch.sdpa = self.saved
-
-
-def _kv_decode_ms(rt, ids, steps, batch, device) -> float:
-    from kvedge.common.model.batch import decode_step
-    from kvedge.common.model.decoding import Decoding, Prompt
-
-    states = []
-    for _ in range(batch):
-        cache = rt.empty_cache(reserve=ids.numel() + steps + 8)
-        states.append(Decoding.start(rt, Prompt(cache, ids, torch.arange(ids.numel())),
-                                     steps + 8))
-    return median_ms(lambda: decode_step(rt, states, row_multiple=1), device,
-                     repeats=steps, warmup=2)
-
-
-def _profile(rt, model, ids, device, steps: int = 5) -> dict:
-    """torch.profiler over `steps` decode steps of kvedge and of transformers: the ops that
-    take the host's time (a decode step of a small model on a GPU is launch-bound)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from kvedge.common.model.batch import decode_step
-    from kvedge.common.model.decoding import Decoding, Prompt
-
-    cache = rt.empty_cache(reserve=ids.numel() + steps + 8)
-    state = Decoding.start(rt, Prompt(cache, ids, torch.arange(ids.numel())), steps + 8)
-    out = {}
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            decode_step(rt, [state], row_multiple=1)
-        _sync(device)
-    out["kvedge"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18,
-                                              max_name_column_width=60)
-    from transformers import DynamicCache
-    with torch.no_grad():
-        hf_cache = DynamicCache(config=model.config)
-        last = model(ids[None].to(device), past_key_values=hf_cache).logits[0, -1].argmax()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                last = model(last.view(1, 1), past_key_values=hf_cache).logits[0, -1].argmax()
-                last.item()
-    out["transformers"] = prof.key_averages().table(sort_by="self_cpu_time_total",
-                                                    row_limit=12, max_name_column_width=60)
-    return out
-
-
-def runtime_check(device, quick: bool, profile: bool = True) -> list[dict]:
-    from transformers import Qwen2ForCausalLM
-
-    from kvedge.common.model.generate import greedy_answer
-    from kvedge.common.model.runtime import Runtime
-
-    config = _qwen_shape(quick)
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config).to(dtype).eval()
-        rt = Runtime(SimpleNamespace(model=model, config=config))
-        # the same (rounded) weights in fp32: what either bf16 forward's error is measured by
-        upcast = Qwen2ForCausalLM(config).to(device).eval() if dtype != torch.float32 else None
-        if upcast is not None:
-            upcast.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        gen = torch.Generator().manual_seed(2)
-        for context in ((300,) if quick else (1300, 8192)):
-            ids = torch.randint(0, config.vocab_size, (context,), generator=gen)
-            row = {"dtype": str(dtype).split(".")[1], "context": context,
-                   "weights_MB": weight_bytes / 1e6}
-            with torch.no_grad():
-                hf = model(ids[None].to(device)).logits[0, -1].float().cpu()
-            ours = rt.prefill(ids).logits[-1].float().cpu()
-            row["prefill_logits_max_abs"] = float((ours - hf).abs().max())
-            row["prefill_logits_rel"] = rel_err(ours, hf)
-            row["prefill_argmax_equal"] = bool(ours.argmax() == hf.argmax())
-            if upcast is not None:
-                with torch.no_grad():
-                    ref = upcast(ids[None].to(device)).logits[0, -1].float().cpu()
-                row["hf_vs_fp32_rel"], row["kvedge_vs_fp32_rel"] = (rel_err(hf, ref),
-                                                                    rel_err(ours, ref))
-            n_new = 24
-            with torch.no_grad():
-                hf_tokens = model.generate(ids[None].to(device), max_new_tokens=n_new,
-                                           do_sample=False, min_new_tokens=n_new,
-                                           pad_token_id=0)[0, context:].tolist()
-            ours_tokens = greedy_answer(rt, ids.tolist(), n_new)
-            same = next((i for i, (a, b) in enumerate(zip(ours_tokens, hf_tokens)) if a != b),
-                        min(len(ours_tokens), len(hf_tokens)))
-            row["greedy_tokens_agree_first"] = same
-            steps = 8 if quick else 40
-            row["hf_ms_per_token"] = _hf_decode_ms(model, ids.to(device), steps, device)
-            row["kvedge_ms_per_token"] = _kv_decode_ms(rt, ids, steps, 1, device)
-            with _torch_sdpa_choice():
-                row["kvedge_ms_torch_sdpa_choice"] = _kv_decode_ms(rt, ids, steps, 1, device)
-            with torch.no_grad():
-                row["hf_prefill_ms"] = median_ms(lambda: model(ids[None].to(device)), device,
-                                                 repeats=5, warmup=1)
-            row["kvedge_prefill_ms"] = median_ms(lambda: rt.prefill(ids), device, repeats=5,
-                                                 warmup=1)
-            row["kvedge_ms_per_step_b16"] = _kv_decode_ms(rt, ids, steps, 16 if not quick
-                                                          else 2, device)
-            rows.append(row)
-        if profile and not quick:
-            rows[-1]["profile"] = _profile(rt, model, ids, device)
-        model = rt = upcast = None  # the next dtype's model replaces them on the device
-        if torch.device(device).type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
-
-
 # ---------------------------------------------------------------------- main
 def _table(title: str, rows) -> str:
     if not rows:
@@ -474,6 +271,8 @@ def _kernel_summary(rows: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from kvedge.bench import gpu_runtime
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="toy sizes (a CPU smoke run)")
@@ -493,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     sections = [("ceilings", lambda: ceilings(device), True),
                 ("kernels", lambda: kernel_checks(device), interpreted),
                 ("kernel_speed", lambda: kernel_speed(device), False),
-                ("sdpa", lambda: sdpa_probe(device), False),
+                ("sdpa", lambda: gpu_runtime.sdpa_probe(device), False),
                 ("realign", lambda: realign_check(device, **small), True),
-                ("runtime", lambda: runtime_check(device, args.quick), True)]
+                ("runtime", lambda: gpu_runtime.runtime_check(device, args.quick), True)]
     only = set(filter(None, args.only.split(",")))
     for name, run, on_cpu in sections:
         if (only and name not in only) or (device == "cpu" and not on_cpu):
