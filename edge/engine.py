@@ -31,6 +31,7 @@ from kvedge.common.pack.prefill import Anchor
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge import DEFAULT_SESSION_BYTES
 from kvedge.edge.conversation import Conversation
+from kvedge.edge.arriving import ArrivingSegment
 from kvedge.edge.fetch_or_compute import FetchOrCompute, Sourced
 from kvedge.edge.local_prefill import LocalPrefill, resolve
 from kvedge.edge.retrieval import BM25Index
@@ -104,18 +105,23 @@ class EdgeEngine:
     where that is sooner than fetching its pack, by the fetcher's link meter and the edge's
     prefill meter (calibrated when the scheduler is first idle). With `stream` (the
     default) a pack fetched for a decoded read is decoded layer by layer while its bytes
-    arrive (`Fetcher.fetch(decode=True)`), not read from disk after (fetch-then-load)."""
+    arrive (`Fetcher.fetch(decode=True)`), not read from disk after (fetch-then-load); with
+    `overlap` too (the default) an ask finding the scheduler idle submits its answer once
+    the missing packs' manifests are in, and the forward computes layer l while later
+    layers are on the wire (`edge.arriving`). Under load the packs are fetched first, so
+    a start never holds the scheduler, and the answers decoding there, on the network."""
 
     def __init__(self, loaded, cache=None, state_dir: Path | str | None = None, *,
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
                  spec_rows: int | None = None, fetch_or_compute: bool = False,
-                 stream: bool = True, decode_weights: str = "fp32"):
+                 stream: bool = True, overlap: bool = True, decode_weights: str = "fp32"):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.fetcher, self.prefetcher = fetcher, prefetcher
         self.stream = stream  # a missing pack decoded while it arrives (False: after)
+        self.overlap = overlap and stream  # ... and computed on as it arrives, when idle
         self.rt = Runtime(loaded)
         self.rt.use_decode_weights(decode_weights)
         self.tok = loaded.tokenizer
@@ -328,11 +334,23 @@ class EdgeEngine:
         answer decodes its rows (block-granular strategies decode them in the scheduler,
         before the first token) drops that pack; with a fetcher, and no text sent yet, the
         pack is fetched again and the answer run once more."""
-        for retry in (False, True):
-            segments, sourced = self._segments(target, metas, granular, choose=True)
+        # with the scheduler idle, the first attempt computes on packs as they arrive; what
+        # goes wrong with an arriving pack sends the ask down the blocking path, which heals
+        overlap = self.overlap and self.scheduler.in_flight == 0
+        retried = False
+        while True:
+            sent = False
+            try:
+                segments, sourced = self._segments(target, metas, granular, choose=True,
+                                                   overlap=overlap)
+            except (PackUnavailable, PackCorrupt) as err:  # an arriving pack's manifest
+                if not overlap:
+                    raise
+                overlap = self._blocking_after(target, err)
+                continue
+            overlap = overlap and any(isinstance(seg, ArrivingSegment) for seg in segments)
             composed = self.compose(segments, question, instruction)
             self._offer(target, sourced.computed + below)  # a computed segment's pack too
-            sent = False
             try:
                 for event in self.scheduler.submit(job(composed)).events():
                     if isinstance(event, str):
@@ -340,14 +358,29 @@ class EdgeEngine:
                         yield event
                 return {**event, "fetched_segments": [m["index"] for m in sourced.fetched],
                         "computed_segments": [m["index"] for m in sourced.computed]}
+            except PackUnavailable as err:
+                if not overlap or sent:
+                    raise
+                overlap = self._blocking_after(target, err)
             except PackCorrupt as err:
+                if overlap and not sent:
+                    overlap = self._blocking_after(target, err)
+                    continue
                 damaged = [m for m in metas if m not in sourced.computed
                            and not self.cache.recheck(m["pack_id"])]
-                if self.fetcher is None or retry or sent:
+                if self.fetcher is None or retried or sent:
                     raise
                 log.warning("%s: %s found damaged while answering (%s); fetching again and "
                             "answering again", target.key, _named(damaged), err)
-                below = []
+                retried, below = True, []
+
+    @staticmethod
+    def _blocking_after(target: Target, err: Exception) -> bool:
+        """An arriving pack failed the answer before any text: the ask again, the packs
+        fetched (and healed) first. Returns the next attempt's overlap (off)."""
+        log.warning("%s: a pack arriving for the answer failed (%s); fetching it whole and "
+                    "answering again", target.key, err)
+        return False
 
     def retrieve(self, target: Target, question: str, top_k: int = 3,
                  max_new_tokens: int = 48, granular: bool = False) -> tuple[list[dict], Composed]:
@@ -385,23 +418,36 @@ class EdgeEngine:
             self.prefetcher.offer(target.namespace, metas)
 
     def _segments(self, target: Target, metas: list[dict], granular: bool,
-                  choose: bool = False) -> tuple[list, Sourced]:
+                  choose: bool = False, overlap: bool = False) -> tuple[list, Sourced]:
         """Each segment's pack, decoded (`granular`: opened), missing ones fetched first —
         or, with `choose` and fetch-or-compute on, prefilled on the edge where that is
         sooner (a `LocalSegment`, computed when the answer starts); and where the missing
-        ones came from."""
+        ones came from. With `overlap`, a missing pack read decoded is an `ArrivingSegment`
+        as soon as its manifest is in, every transfer under way at once (layer l of each
+        arrives about together)."""
         missing = [m for m in metas if not self.cache.has(m["pack_id"])]
         local = self._computed(target, missing) if choose else {}
         fetch = [m for m in missing if m["pack_id"] not in local]
         read = self.cache.segment if granular else self.cache.load
         decode = self.stream and not granular  # an opened pack decodes only rows it keeps
-        if self.stream and self.fetcher is not None and len(fetch) > 1:  # joined by _read
+        arriving = self._arriving(target, fetch) if overlap and decode and fetch else {}
+        if self.stream and self.fetcher is not None and len(fetch) > 1 and not arriving:
             self.fetcher.fetch_in_order(target.namespace, [m["pack_id"] for m in fetch], decode)
         segments = [local[m["pack_id"]] if m["pack_id"] in local
+                    else ArrivingSegment(arriving[m["pack_id"]]) if m["pack_id"] in arriving
                     else self._read_or_compute(target, m, read, fetch, decode, local)
                     for m in metas]
         return segments, Sourced([m for m in fetch if m["pack_id"] not in local],
                                  [m for m in missing if m["pack_id"] in local])
+
+    def _arriving(self, target: Target, fetch: list[dict]) -> dict:
+        """pack id → its Arrival, each transfer started (or joined) now (none without a
+        fetcher; a pack whose transfer under way does not decode is read the blocking way)."""
+        if self.fetcher is None:
+            return {}
+        arrivals = {m["pack_id"]: self.fetcher.arriving(target.namespace, m["pack_id"])
+                    for m in fetch}
+        return {pid: a for pid, a in arrivals.items() if a is not None}
 
     def _read_or_compute(self, target: Target, meta: dict, read, missing: list[dict],
                          decode: bool, local: dict):

@@ -13,6 +13,7 @@ what `edge.fetch_or_compute` predicts a fetch by).
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from contextlib import contextmanager
@@ -24,6 +25,8 @@ from kvedge.common.pack.container import read_head, read_manifest
 from kvedge.common.pack.errors import ModelMismatch, PackError
 from kvedge.common.pack.manifest import Manifest
 from kvedge.edge.meters import LinkMeter
+
+log = logging.getLogger("kvedge.edge.fetcher")
 
 
 class FetchStopped(Exception):
@@ -40,6 +43,7 @@ class _Flight:
     received: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     callers: int = 1  # the leader and its waiters
+    arrival: object = None  # a decoding transfer's layers as they arrive (edge.arriving)
 
 
 class _Decoding:
@@ -47,21 +51,27 @@ class _Decoding:
     bytes a broken transfer left read first. Damage it finds drops the unfinished file:
     resuming it would only repeat the damage."""
 
-    def __init__(self, cache, pack_id: str, held: int):
+    def __init__(self, cache, pack_id: str, held: int, arrival=None):
         from kvedge.common.pack.stream import PackStream  # torch: only where packs decode
 
-        self.cache, self.pack_id = cache, pack_id
+        self.cache, self.pack_id, self.arrival = cache, pack_id, arrival
         self.stream = PackStream(cache.fingerprint, pack_id)
         if held:
             self.feed(cache.partial(pack_id)[:held])
 
     def feed(self, data: bytes) -> None:
         with self._dropping():
-            self.stream.feed(data)
+            layers = self.stream.feed(data)
+        if self.arrival is not None and self.stream.manifest is not None:
+            self.arrival.front(self.stream.manifest)
+            self.arrival.publish(layers)
 
     def finish(self):
         with self._dropping():
-            return self.stream.finish()
+            ctx = self.stream.finish()
+        if self.arrival is not None:
+            self.arrival.complete(ctx)
+        return ctx
 
     @contextmanager
     def _dropping(self):
@@ -100,15 +110,7 @@ class Fetcher:
                joined: Callable[[_Flight | None], None] = lambda flight: None) -> bool:
         """`fetch`; `joined` is told the transfer this call leads or waits on (None: the
         pack is cached)."""
-        with self._lock:
-            cached = self.cache.has(pack_id)
-            flight = None if cached else self._flights.get(pack_id)
-            leading = flight is None and not cached
-            if leading:
-                flight = self._flights[pack_id] = _Flight()
-                self.transfers += 1
-            elif flight is not None:
-                flight.callers += 1
+        flight, leading = self._join(pack_id, decode)
         joined(flight)
         if flight is None:
             return False
@@ -117,17 +119,63 @@ class Fetcher:
             if flight.error is not None:
                 raise flight.error
             return False
+        self._lead(namespace, pack_id, flight)
+        return True
+
+    def arriving(self, namespace: str, pack_id: str):
+        """The pack's layers as its bytes arrive (an `edge.arriving.Arrival`), without waiting:
+        the transfer under way joined, or one started on a background thread, decoding. None
+        when the pack is cached, or its transfer under way does not decode (the caller then
+        `fetch`es it). Its error reaches the Arrival's readers; a later `fetch` of the pack
+        tries again."""
+        flight, leading = self._join(pack_id, True)
+        if flight is not None and flight.arrival is None:  # under way, not decoding
+            with self._lock:
+                flight.callers -= 1
+            return None
+        if leading:
+            threading.Thread(target=self._lead_quietly, args=(namespace, pack_id, flight),
+                             daemon=True, name="kvedge-fetch-arriving").start()
+        return None if flight is None else flight.arrival
+
+    def _join(self, pack_id: str, decode: bool) -> tuple[_Flight | None, bool]:
+        """(the transfer of `pack_id` this caller leads or waits on, whether it leads); None
+        when the pack is cached."""
+        from kvedge.edge.arriving import Arrival
+
+        with self._lock:
+            if self.cache.has(pack_id):
+                return None, False
+            flight = self._flights.get(pack_id)
+            if flight is not None:
+                flight.callers += 1
+                return flight, False
+            flight = self._flights[pack_id] = _Flight(
+                arrival=Arrival(pack_id) if decode else None)
+            self.transfers += 1
+            return flight, True
+
+    def _lead(self, namespace: str, pack_id: str, flight: _Flight) -> None:
+        """Run the transfer this caller leads; its outcome to every waiter."""
         try:
-            self._transfer(namespace, pack_id, decode, flight.received)
+            self._transfer(namespace, pack_id, flight.arrival is not None, flight.received,
+                           flight.arrival)
         except BaseException as err:
             flight.error = err
+            if flight.arrival is not None:
+                flight.arrival.fail(err)
             raise
         finally:
             with self._lock:
                 del self._flights[pack_id]
             flight.received.set()
             flight.done.set()
-        return True
+
+    def _lead_quietly(self, namespace: str, pack_id: str, flight: _Flight) -> None:
+        try:
+            self._lead(namespace, pack_id, flight)
+        except Exception as err:  # noqa: BLE001 - its readers get it from the Arrival
+            log.info("fetching %s… failed: %s", pack_id[:16], err)
 
     def fetch_in_order(self, namespace: str, pack_ids: list[str], decode: bool = False) -> None:
         """Start fetching these packs, in the background and one after another: each
@@ -172,12 +220,13 @@ class Fetcher:
             return 0 if flight is None else flight.callers
 
     def _transfer(self, namespace: str, pack_id: str, decode: bool,
-                  received: threading.Event) -> None:
+                  received: threading.Event, arrival=None) -> None:
         """Resume from what the cache holds of it, verify, commit, keep the cache in budget
         (the caller holds the packs it is about to read: `PackCache.hold`); `decode`: read
-        it as it arrives. `received` is set once the last byte is in."""
+        it as it arrives (each layer handed to `arrival` once decoded). `received` is set
+        once the last byte is in."""
         offset = self.cache.held(pack_id)
-        stream = _Decoding(self.cache, pack_id, offset) if decode else None
+        stream = _Decoding(self.cache, pack_id, offset, arrival) if decode else None
         try:
             for chunk in self._timed(self.client.fetch_pack(namespace, pack_id, offset)):
                 if chunk.offset == offset and chunk.total:  # room first: disk ≤ capacity

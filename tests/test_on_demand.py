@@ -371,6 +371,23 @@ def test_a_pack_decoded_while_it_arrives_equals_fetch_then_load(cloud, tmp_path)
             assert_equal(s.cache.load(pid), read_pack(w.cache.path(pid)))
 
 
+def test_an_idle_edge_computes_on_the_packs_as_they_arrive(cloud, tmp_path):
+    """The ask submits its answer once the missing packs' manifests are in (both transfers
+    under way together) and answers as an edge that fetches first does."""
+    with edge(cloud, tmp_path / "overlap") as o, \
+            edge(cloud, tmp_path / "first", overlap=False) as f:
+        started = []
+        arriving = o.fetcher.arriving
+        o.fetcher.arriving = lambda ns, pid: started.append(pid) or arriving(ns, pid)
+        overlapped, fetched_first = o.ask(QUESTIONS[5]), f.ask(QUESTIONS[5])
+        assert sorted(started) == sorted(pack_of(o, QUESTIONS[5], 2))
+        assert (overlapped.answer, list(overlapped.segments)) == \
+            (fetched_first.answer, list(fetched_first.segments))
+        assert o.client.transfers == f.client.transfers  # one transfer a pack either way
+        again = o.ask(QUESTIONS[5])  # cached now: nothing arrives
+        assert len(started) == 2 and again.answer == overlapped.answer
+
+
 def test_a_stream_cut_mid_layer_resumes_where_it_broke(cloud, tmp_path):
     pid = cloud["info"].segments[0].pack_id
     data, fp = whole_pack(cloud, pid), load_model(MODEL).fingerprint

@@ -1,4 +1,6 @@
-"""PackSegment: an opened pack standing in for its KVContext in a composed prompt.
+"""PackSegment: an opened pack standing in for its KVContext in a composed prompt
+(`ManifestSegment`: the part of that surface a manifest alone gives, shared with the edge's
+packs still arriving, `kvedge.edge.arriving`).
 
 What a composed prompt and the strategies read about a segment's tokens — ids, positions,
 kept positions per (layer, head), block size — comes from the verified manifest at once; the
@@ -15,15 +17,17 @@ import torch
 
 from kvedge.common.pack.context import KVContext, held_indices
 from kvedge.common.pack.format import Pack, open_pack
+from kvedge.common.pack.manifest import Manifest
 from kvedge.common.pack.realign import ContextSource, PackSource, RowSource, stored_head
 
 
-class PackSegment:
-    """A KVContext's read-only surface over an opened pack (see the module docstring)."""
+class ManifestSegment:
+    """What a composed prompt and the strategies read about a segment's tokens, from its
+    verified manifest alone: ids, positions, kept positions per (layer, head), block size.
+    Its tensors come from a subclass (`context`, `row_source`)."""
 
-    def __init__(self, pack: Pack, keep=None):
-        m = pack.manifest
-        self.pack = pack
+    def __init__(self, manifest: Manifest):
+        m = self.manifest = manifest
         self.model_fingerprint, self.tokenizer_id = m.model_fingerprint, m.tokenizer_id
         self.token_ids, self.positions = m.token_ids, m.positions
         self.segments, self.namespace = [tuple(s) for s in m.segments], m.namespace
@@ -33,6 +37,51 @@ class PackSegment:
         self.kept_positions = [[every if len(kept) == m.n_tokens else
                                 torch.tensor(kept, dtype=torch.long) for kept in layer]
                                for layer in m.kept]
+
+    @property
+    def n_layers(self) -> int:
+        return self.manifest.n_layers
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.manifest.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.manifest.head_dim
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    ranks = KVContext.ranks  # over `position_index`, made once in __init__
+
+    def context(self) -> KVContext:
+        raise NotImplementedError
+
+    @property
+    def keys(self):
+        return self.context().keys
+
+    @property
+    def values(self):
+        return self.context().values
+
+    @cached_property
+    def block_summaries(self) -> list[torch.Tensor] | None:
+        return self.context().block_summaries
+
+    @cached_property
+    def query_cache(self) -> list[torch.Tensor] | None:
+        return self.context().query_cache
+
+
+class PackSegment(ManifestSegment):
+    """A KVContext's read-only surface over an opened pack (see the module docstring)."""
+
+    def __init__(self, pack: Pack, keep=None):
+        super().__init__(pack.manifest)
+        self.pack = pack
         self.rows = None  # block-granular: per (layer, head) the stored rows kept (`select`)
         if keep is not None:
             self.rows = held_indices(self.kept_positions, keep)
@@ -45,25 +94,6 @@ class PackSegment:
     def open(cls, source, model_fingerprint: str | None = None) -> "PackSegment":
         """A path or bytes (ModelMismatch if the pack belongs to another model)."""
         return cls(open_pack(source, model_fingerprint))
-
-    # ------------------------------------------------------------------ shape
-    @property
-    def n_layers(self) -> int:
-        return self.pack.manifest.n_layers
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.pack.manifest.n_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.pack.manifest.head_dim
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_ids)
-
-    ranks = KVContext.ranks  # over `position_index`, made once in __init__
 
     # ------------------------------------------------------------------ tensors
     def context(self) -> KVContext:
@@ -95,14 +125,6 @@ class PackSegment:
             return (self.context().keys if kind == "k" else self.context().values)[layer][head][rows]
         index = torch.nonzero(rows).flatten() if rows.dtype == torch.bool else rows
         return stored_head(self.pack, layer, head, kind, index).decode()
-
-    @property
-    def keys(self):
-        return self.context().keys
-
-    @property
-    def values(self):
-        return self.context().values
 
     @cached_property
     def block_summaries(self) -> list[torch.Tensor] | None:
