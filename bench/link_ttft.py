@@ -9,8 +9,11 @@ link (`kvedge serve --kb`: no pack fetched), then, per question, through `EdgeEn
   the ask (fetched whole, verified, then loaded: fetch-then-answer, `EdgeEngine(stream=False)`
   with `kvedge serve --always-fetch`);
 - *streamed*: cold again, each pack decoded layer by layer while its bytes arrive and the next
-  pack's transfer started behind the last one's bytes (`EdgeEngine`'s default cold path,
-  `common.pack.stream`, `Fetcher.fetch_in_order`);
+  pack's transfer started behind the last one's bytes (`EdgeEngine(overlap=False)`, the
+  cold path under load, `common.pack.stream`, `Fetcher.fetch_in_order`);
+- *overlapped*: cold again, every missing pack's transfer started at once and the answer's
+  forward run on each layer as it arrives (`EdgeEngine`'s default cold path when idle,
+  `edge.arriving`);
 - *warm*: the same question again, its packs cached;
 - *local prefill*: `recompute` over the cached packs' text — what an edge without packs
   would do (full prefill of the prompt);
@@ -21,8 +24,8 @@ link (`kvedge serve --kb`: no pack fetched), then, per question, through `EdgeEn
   prefill is calibrated before the first question.
 
 TTFTs are medians over the questions; the ratios are cold / local prefill, streamed / cold,
-streamed / local prefill and fetch-or-compute / the better of cold and local prefill, per
-link; `computed` counts the segments fetch-or-compute prefilled, of the `missing` ones, over
+streamed / local prefill, overlapped / streamed and fetch-or-compute / the better of cold and
+local prefill, per link; `computed` counts the segments fetch-or-compute prefilled, of the `missing` ones, over
 all questions.
 """
 from __future__ import annotations
@@ -68,7 +71,8 @@ def over_link(loaded, address: str, token: str, link: tuple[float, float],
                fetcher=fetcher).sync_once()
         synced = time.perf_counter() - start
         engine = EdgeEngine(loaded, cache, state, fetcher=fetcher, stream=False)
-        streaming = EdgeEngine(loaded, cache, state, fetcher=fetcher)
+        streaming = EdgeEngine(loaded, cache, state, fetcher=fetcher, overlap=False)
+        overlapping = EdgeEngine(loaded, cache, state, fetcher=fetcher)
         choosing = EdgeEngine(loaded, cache, state, fetcher=fetcher, fetch_or_compute=True)
         choosing.scheduler.settle()  # its prefill calibrated
         rows = []
@@ -77,15 +81,18 @@ def over_link(loaded, address: str, token: str, link: tuple[float, float],
             cold = _ask(engine, target, question, max_new_tokens).ttft_s
             cache.clear()
             streamed = _ask(streaming, target, question, max_new_tokens).ttft_s
+            cache.clear()
+            overlapped = _ask(overlapping, target, question, max_new_tokens).ttft_s
             warm = _ask(engine, target, question, max_new_tokens).ttft_s
             local = _ask(engine, target, question, max_new_tokens, "recompute").ttft_s
             cache.clear()
             choosing.local.computed.clear()
             chose = _ask(choosing, target, question, max_new_tokens)
-            rows.append({"cold": cold, "stream": streamed, "warm": warm, "local": local, "foc": chose.ttft_s,
+            rows.append({"cold": cold, "stream": streamed, "overlap": overlapped, "warm": warm,
+                         "local": local, "foc": chose.ttft_s,
                          "computed": len(chose.computed_segments),
                          "missing": len(chose.computed_segments + chose.fetched_segments)})
-        for e in (engine, streaming, choosing):
+        for e in (engine, streaming, overlapping, choosing):
             e.close()
         return {"sync_s": synced, "link_bytes": emulated.bytes, "rows": rows}
 
@@ -111,13 +118,15 @@ def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tok
             got = over_link(loaded, address, token, link, questions, root / f"edge-{link[0]}",
                             max_new_tokens)
             med = {k: median(r[k] for r in got["rows"])
-                   for k in ("cold", "stream", "warm", "local", "foc")}
+                   for k in ("cold", "stream", "overlap", "warm", "local", "foc")}
             out.append({"mbit_s": link[0], "rtt_ms": link[1], "sync_s": got["sync_s"],
                         **{f"{k}_ttft_s": v for k, v in med.items()},
                         "cold_over_local": med["cold"] / med["local"],
                         "stream_over_cold": med["stream"] / med["cold"],
                         "stream_over_local": med["stream"] / med["local"],
                         "stream_over_best": med["stream"] / min(med["cold"], med["local"]),
+                        "overlap_over_stream": med["overlap"] / med["stream"],
+                        "overlap_over_best": med["overlap"] / min(med["cold"], med["local"]),
                         "foc_over_best": med["foc"] / min(med["cold"], med["local"]),
                         **{k: sum(r[k] for r in got["rows"]) for k in ("computed", "missing")},
                         "questions": len(questions)})
@@ -131,14 +140,17 @@ def run(model: str, folder: Path, questions: list[str], links=LINKS, max_new_tok
 def table(rows: list[dict]) -> str:
     lines = ["| link | manifest sync s | cold TTFT s | streamed TTFT s | warm TTFT s | "
              "local prefill TTFT s | cold / local | streamed / cold | streamed / local | "
-             "streamed / best of cold, local | fetch-or-compute TTFT s | computed / missing | "
-             "FoC / best of cold, local |", "|---" * 13 + "|"]
+             "streamed / best of cold, local | overlapped TTFT s | overlapped / streamed | "
+             "overlapped / best of cold, local | fetch-or-compute TTFT s | computed / missing | "
+             "FoC / best of cold, local |", "|---" * 16 + "|"]
     for r in rows:
         lines.append(f"| {r['mbit_s']:g} Mbit/s, {r['rtt_ms']:g} ms | {r['sync_s']:.2f} | "
                      f"{r['cold_ttft_s']:.2f} | {r['stream_ttft_s']:.2f} | "
                      f"{r['warm_ttft_s']:.2f} | {r['local_ttft_s']:.2f} | "
                      f"{r['cold_over_local']:.2f} | {r['stream_over_cold']:.2f} | "
                      f"{r['stream_over_local']:.2f} | {r['stream_over_best']:.2f} | "
+                     f"{r['overlap_ttft_s']:.2f} | {r['overlap_over_stream']:.2f} | "
+                     f"{r['overlap_over_best']:.2f} | "
                      f"{r['foc_ttft_s']:.2f} | {r['computed']} / {r['missing']} | "
                      f"{r['foc_over_best']:.2f} |")
     return "\n".join(lines)

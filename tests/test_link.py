@@ -92,7 +92,8 @@ def test_a_link_needs_a_bandwidth():
 
 def test_an_on_demand_edge_behind_the_link_answers_cold_then_warm(tmp_path):
     """bench/link_ttft.py on the tiny model: the manifest synced through the link, a cold
-    question's packs fetched through it inside the ask (whole, then decoded as they arrive),
+    question's packs fetched through it inside the ask (whole, decoded as they arrive, and
+    computed on as they arrive),
     the same question warm, then cold again choosing per segment between fetching and prefilling (fetch-or-compute)."""
     from kvedge.bench.link_ttft import run, table
 
@@ -105,6 +106,8 @@ def test_an_on_demand_edge_behind_the_link_answers_cold_then_warm(tmp_path):
     assert row["cold_ttft_s"] > row["warm_ttft_s"] > 0 and row["sync_s"] > 0
     assert row["stream_ttft_s"] > row["warm_ttft_s"]  # the streamed cold path fetches too
     assert row["stream_over_cold"] == row["stream_ttft_s"] / row["cold_ttft_s"]
+    assert row["overlap_ttft_s"] > row["warm_ttft_s"]  # computed on the packs as they arrive
+    assert row["overlap_over_stream"] == row["overlap_ttft_s"] / row["stream_ttft_s"]
     assert row["foc_ttft_s"] > 0 and 0 <= row["computed"] <= row["missing"] == 3  # top_k
     assert row["foc_over_best"] == row["foc_ttft_s"] / min(row["cold_ttft_s"],
                                                            row["local_ttft_s"])
