@@ -28,7 +28,7 @@ from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.net.metrics import request_log
-from kvedge.common.net.rpc import CHUNK, MAX_HEADS, principal, rpc_errors, serve_grpc
+from kvedge.common.net.rpc import CHUNK, MAX_HEADS, PACK_CHUNK, principal, rpc_errors, serve_grpc
 from kvedge.common.net.tls import ServerTLS
 from kvedge.common.pack.container import read_head
 
@@ -293,7 +293,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         # [offset, offset + length): an edge reads a pack's header and manifest alone
         end = min(total, offset + request.length) if request.length else total
         while offset < end:
-            data = self.store.read(request.pack_id, offset, min(CHUNK, end - offset))
+            data = self.store.read(request.pack_id, offset, min(PACK_CHUNK, end - offset))
             yield pb.PackChunk(offset=offset, data=data, total=total)
             with self._lock:
                 self.bytes_served += len(data)
