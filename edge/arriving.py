@@ -20,11 +20,14 @@ PackCorrupt before any text is sent, and the engine fetches it again the blockin
 
 A transfer that fails for another reason (the cloud unreachable, the edge stopping) is
 PackUnavailable to its readers, naming the pack; the engine then asks again the blocking
-way, which names every segment still missing or computes them on the edge.
+way, which names every segment still missing or computes them on the edge. So is one that
+stalls: the reader waits on the scheduler's thread, so a transfer that brings no byte for
+`STALL_S` seconds fails the attempt rather than holding the scheduler until gRPC's deadline.
 """
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from kvedge.common.errors import ModelMismatch
@@ -33,11 +36,15 @@ from kvedge.common.pack.realign import Stored
 from kvedge.common.pack.segment import ManifestSegment
 
 
+STALL_S = 10.0  # seconds without a byte after which a reader gives an arriving pack up
+
+
 class Arrival:
     """One transfer's manifest and layers as they come in, then its context or its error."""
 
-    def __init__(self, pack_id: str):
-        self.pack_id = pack_id
+    def __init__(self, pack_id: str, stall_s: float = STALL_S):
+        self.pack_id, self.stall_s = pack_id, stall_s
+        self._progress = time.monotonic()  # when the transfer last brought bytes
         self._manifest = None
         self._layers: dict = {}       # layer index → common.pack.stream.Layer
         self._context = None          # the KVContext once the pack is verified whole
@@ -45,6 +52,10 @@ class Arrival:
         self._changed = threading.Condition()
 
     # ------------------------------------------------------------------ the transfer's side
+    def touch(self) -> None:
+        """Bytes arrived (readers measure a stall from the last of these)."""
+        self._progress = time.monotonic()
+
     def front(self, manifest) -> None:
         self._set(lambda: setattr(self, "_manifest", manifest))
 
@@ -79,7 +90,11 @@ class Arrival:
     def _wait(self, ready: Callable):
         with self._changed:
             while (got := ready()) is None and self._error is None:
-                self._changed.wait()
+                idle = time.monotonic() - self._progress
+                if idle > self.stall_s:
+                    raise PackUnavailable(f"the transfer of pack {self.pack_id[:16]}… brought "
+                                          f"no byte for {idle:.0f} s")
+                self._changed.wait(self.stall_s - idle + 0.01)
             if got is None:
                 raise self._error
             return got

@@ -60,6 +60,8 @@ class _Decoding:
             self.feed(cache.partial(pack_id)[:held])
 
     def feed(self, data: bytes) -> None:
+        if self.arrival is not None:
+            self.arrival.touch()
         with self._dropping():
             layers = self.stream.feed(data)
         if self.arrival is not None and self.stream.manifest is not None:

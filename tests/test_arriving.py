@@ -95,3 +95,11 @@ def test_a_transfer_that_breaks_is_pack_unavailable_to_its_readers():
     assert isinstance(err.value.__cause__, ConnectionError)
     with pytest.raises(PackUnavailable):
         arrival.context()
+
+
+def test_a_transfer_that_stalls_gives_its_readers_up():
+    """A reader waits on the scheduler's thread: no byte for `stall_s` is PackUnavailable
+    (the engine then fetches the blocking way), not a wait until gRPC's deadline."""
+    arrival = Arrival("e" * 64, stall_s=0.2)
+    with pytest.raises(PackUnavailable, match="brought no byte"):
+        arrival.manifest()
