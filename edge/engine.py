@@ -442,8 +442,11 @@ class EdgeEngine:
 
     def _arriving(self, target: Target, fetch: list[dict]) -> dict:
         """pack id → its Arrival, each transfer started (or joined) now (none without a
-        fetcher; a pack whose transfer under way does not decode is read the blocking way)."""
-        if self.fetcher is None:
+        fetcher; a pack whose transfer under way does not decode is read the blocking way).
+        Transfers sharing the link are not measured by its meter, so while the link is not
+        known yet several missing packs are fetched one after another instead (measured),
+        as fetch-or-compute needs."""
+        if self.fetcher is None or (len(fetch) > 1 and self.fetcher.link.seconds(1) is None):
             return {}
         arrivals = {m["pack_id"]: self.fetcher.arriving(target.namespace, m["pack_id"])
                     for m in fetch}

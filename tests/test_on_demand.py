@@ -372,20 +372,26 @@ def test_a_pack_decoded_while_it_arrives_equals_fetch_then_load(cloud, tmp_path)
 
 
 def test_an_idle_edge_computes_on_the_packs_as_they_arrive(cloud, tmp_path):
-    """The ask submits its answer once the missing packs' manifests are in (both transfers
-    under way together) and answers as an edge that fetches first does."""
+    """The ask submits its answer once the missing packs' manifests are in (the transfers
+    under way together, once the link is measured) and answers as an edge that fetches
+    first does."""
     with edge(cloud, tmp_path / "overlap") as o, \
             edge(cloud, tmp_path / "first", overlap=False) as f:
         started = []
         arriving = o.fetcher.arriving
         o.fetcher.arriving = lambda ns, pid: started.append(pid) or arriving(ns, pid)
+        o.ask(QUESTIONS[0], top_k=1), f.ask(QUESTIONS[0], top_k=1)
+        assert started == pack_of(o, QUESTIONS[0])  # one pack alone: the link measured
+        assert o.fetcher.link.seconds(1) is not None
+        missing = [p for p in pack_of(o, QUESTIONS[5], 2) if p not in cached(o)]
+        started.clear()
         overlapped, fetched_first = o.ask(QUESTIONS[5]), f.ask(QUESTIONS[5])
-        assert sorted(started) == sorted(pack_of(o, QUESTIONS[5], 2))
+        assert len(missing) == 2 and sorted(started) == sorted(missing)
         assert (overlapped.answer, list(overlapped.segments)) == \
             (fetched_first.answer, list(fetched_first.segments))
         assert o.client.transfers == f.client.transfers  # one transfer a pack either way
         again = o.ask(QUESTIONS[5])  # cached now: nothing arrives
-        assert len(started) == 2 and again.answer == overlapped.answer
+        assert sorted(started) == sorted(missing) and again.answer == overlapped.answer
 
 
 def test_a_stream_cut_mid_layer_resumes_where_it_broke(cloud, tmp_path):
