@@ -43,6 +43,12 @@ from kvedge.edge.sync import Target, manifest_path
 log = logging.getLogger("kvedge.edge")
 INSTRUCTION = "Answer the question using the documents above. Answer briefly."
 HEAL_ATTEMPTS = 2  # a pack found damaged or gone while answering is fetched again this often
+# Missing packs the link brings in sooner than this are fetched before the answer starts, not
+# computed on as they arrive: overlap hides at most the shorter of the transfer and the
+# start's compute, and the transfers' decoding then competes with the forward for the cores.
+# SmolLM2 on 2 cores, 3 packs (python -m kvedge.bench.link_ttft): at 1 Gbit/s (~0.1 s on the
+# wire) overlapping took 1.08x the fetched-first TTFT; at 100 Mbit/s (~0.6 s) 0.95x
+OVERLAP_MIN_S = 0.3
 # Request limits: checked before anything is tokenized, loaded or allocated for a request, so
 # one request cannot take the daemon's memory (a 60,000-character question once needed 23 GB)
 MAX_QUESTION_TOKENS = 1024
@@ -445,8 +451,12 @@ class EdgeEngine:
         fetcher; a pack whose transfer under way does not decode is read the blocking way).
         Transfers sharing the link are not measured by its meter, so while the link is not
         known yet several missing packs are fetched one after another instead (measured),
-        as fetch-or-compute needs."""
-        if self.fetcher is None or (len(fetch) > 1 and self.fetcher.link.seconds(1) is None):
+        as fetch-or-compute needs. Packs the link brings in under OVERLAP_MIN_S leave
+        nothing to hide and are fetched first too."""
+        if self.fetcher is None:
+            return {}
+        wire = self.fetcher.link.seconds(sum(m["pack_bytes"] for m in fetch))
+        if (wire is None and len(fetch) > 1) or (wire is not None and wire < OVERLAP_MIN_S):
             return {}
         arrivals = {m["pack_id"]: self.fetcher.arriving(target.namespace, m["pack_id"])
                     for m in fetch}

@@ -371,10 +371,13 @@ def test_a_pack_decoded_while_it_arrives_equals_fetch_then_load(cloud, tmp_path)
             assert_equal(s.cache.load(pid), read_pack(w.cache.path(pid)))
 
 
-def test_an_idle_edge_computes_on_the_packs_as_they_arrive(cloud, tmp_path):
+def test_an_idle_edge_computes_on_the_packs_as_they_arrive(cloud, tmp_path, monkeypatch):
     """The ask submits its answer once the missing packs' manifests are in (the transfers
     under way together, once the link is measured) and answers as an edge that fetches
-    first does."""
+    first does. (Loopback brings the tiny packs in far under OVERLAP_MIN_S: lowered here.)"""
+    import kvedge.edge.engine as engine
+
+    monkeypatch.setattr(engine, "OVERLAP_MIN_S", 0.0)
     with edge(cloud, tmp_path / "overlap") as o, \
             edge(cloud, tmp_path / "first", overlap=False) as f:
         started = []
@@ -392,6 +395,17 @@ def test_an_idle_edge_computes_on_the_packs_as_they_arrive(cloud, tmp_path):
         assert o.client.transfers == f.client.transfers  # one transfer a pack either way
         again = o.ask(QUESTIONS[5])  # cached now: nothing arrives
         assert sorted(started) == sorted(missing) and again.answer == overlapped.answer
+
+
+def test_packs_the_link_brings_in_quickly_are_fetched_first(cloud, tmp_path):
+    with edge(cloud, tmp_path) as e:
+        started = []
+        arriving = e.fetcher.arriving
+        e.fetcher.arriving = lambda ns, pid: started.append(pid) or arriving(ns, pid)
+        e.ask(QUESTIONS[0], top_k=1)  # one pack, the link not known yet: it arrives alone
+        assert len(started) == 1 and e.fetcher.link.seconds(1) is not None
+        e.ask(QUESTIONS[5])  # loopback: two packs in well under OVERLAP_MIN_S
+        assert len(started) == 1
 
 
 def test_a_stream_cut_mid_layer_resumes_where_it_broke(cloud, tmp_path):
