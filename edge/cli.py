@@ -102,6 +102,11 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="prefill a question's missing segment on this edge where that is sooner "
               "than fetching its pack, by the link and prefill speeds the edge measures "
               "(docs/fetch_or_compute.md); --always-fetch fetches every missing pack")
+@click.option("--kv-budget", type=click.IntRange(0), default=0,
+              help="bytes the KV caches of the answers decoding together may take: an ask "
+              "waits to start while it does not fit beside them, and one that could not fit "
+              "alone is refused RESOURCE_EXHAUSTED (0 = half the memory free when the edge "
+              "starts: the GPU's with a CUDA model)")
 @click.option("--session-bytes", type=click.IntRange(0), default=DEFAULT_SESSION_BYTES,
               show_default=True, help="KV of conversations' earlier turns kept (LRU), so a "
               "next turn computes only its new tokens (0 = none kept)")
@@ -119,7 +124,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
               top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
-              decode_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, session_bytes,
+              decode_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, kv_budget,
+              session_bytes,
               http_address, metrics_address,
               tls_mode, tls_cert, tls_key,
               tls_hosts, tls_client_ca, insecure, cloud_tls_ca, cloud_tls_cert, cloud_tls_key):
@@ -170,7 +176,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
                         prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
                         max_queue=max_queue, batch_invariant=batch_invariant,
                         session_bytes=session_bytes, spec_rows=spec_rows,
-                        fetch_or_compute=fetch_or_compute, decode_weights=decode_weights)
+                        fetch_or_compute=fetch_or_compute, decode_weights=decode_weights,
+                        kv_budget=kv_budget or None)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,

@@ -121,7 +121,8 @@ class EdgeEngine:
                  fetcher=None, prefetcher=None, max_batch: int = 16, max_queue: int = 64,
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
                  spec_rows: int | None = None, fetch_or_compute: bool = False,
-                 stream: bool = True, overlap: bool = True, decode_weights: str = "fp32"):
+                 stream: bool = True, overlap: bool = True, decode_weights: str = "fp32",
+                 kv_budget: int | None = None):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
@@ -133,10 +134,13 @@ class EdgeEngine:
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
         self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant,
-                                   spec_rows=spec_rows)
+                                   spec_rows=spec_rows,
+                                   kv_budget=kv_budget or default_kv_budget(self.rt.device))
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
         self.kv_shape = KVShape(self.rt.n_layers, self.rt.n_kv, self.rt.head_dim)
+        # a token's K and V in every layer at the runtime's dtype: what admission counts
+        self.kv_token_bytes = self.kv_shape.fp16_bytes(1) // 2 * self.rt.embed.element_size()
         self.sessions = PrefixCache(session_bytes)  # conversations' prefix KV, by token ids
         self.prefix_ids, self.suffix = chat_turn(self.tok)  # the cloud anchors behind the same
         prefix = self.rt.prefill(torch.tensor(self.prefix_ids), logits="none")
@@ -207,8 +211,15 @@ class EdgeEngine:
         """`answer`, queued now: the job whose `events()` yield what `answer` yields. A caller
         with many prompts submits them all before reading any, so the scheduler decodes them
         together (the benchmark's concurrent asks); times count from this call."""
-        return self.scheduler.submit(_Answer(self.tok, composed, strategy, max_new_tokens,
-                                             sampler, stop, time.perf_counter(), None, None))
+        return self.scheduler.submit(self._sized(_Answer(
+            self.tok, composed, strategy, max_new_tokens, sampler, stop, time.perf_counter(),
+            None, None)))
+
+    def _sized(self, answer: "_Answer") -> "_Answer":
+        """The answer with the KV its cache holds at most (the scheduler admits by it): its
+        prompt and decode budget, every layer, at the runtime's dtype."""
+        answer.kv_bytes = answer.composed.seq_len(answer.max_new_tokens) * self.kv_token_bytes
+        return answer
 
     def check_request(self, question: str, top_k: int, max_new_tokens: int,
                       stop: Sequence[str] = ()) -> None:
@@ -286,8 +297,9 @@ class EdgeEngine:
             if prefix is not None:
                 composed = replace(composed, prefix_ids=prefix, prefix_keys=None,
                                    prefix_values=None)
-            return _Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop, start,
-                           deadline, alive, self.sessions if prefix is not None else None)
+            return self._sized(_Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop,
+                                       start, deadline, alive,
+                                       self.sessions if prefix is not None else None))
 
         with self.cache.hold(m["pack_id"] for m in metas):
             event = yield from self._run(target, metas, question, chosen.block_granular, job,
@@ -608,3 +620,13 @@ class _Answer(Job):
         self.put({**self.text.costs(self.started, self.plan, self.composed),
                   "session_reused": self.reused, "decode_steps": self.decoding.steps,
                   "drafted": self.decoding.drafted, "accepted": self.decoding.accepted})
+
+
+def default_kv_budget(device) -> int:
+    """Half the memory free now on `device` (the GPU's with CUDA, else the machine's): what
+    the answers decoding together may hold in KV when `kvedge serve --kv-budget` is 0."""
+    import os
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2

@@ -18,6 +18,13 @@ running pause while a burst is started (`max_starts` bounds the pause).
 Requests wait in a bounded queue: beyond `max_waiting` a submit raises Overloaded
 (RESOURCE_EXHAUSTED). `waiting` and `running` are the queue depth and the batch size.
 
+Admission by KV memory (vLLM admits by free KV blocks): each job says how many bytes its cache
+holds at most (`Job.kv_bytes`: its prompt and decode budget at the runtime's dtype); with a
+`kv_budget` a waiting job starts only while the running ones' and its own fit in it, and
+waits otherwise, in order. One alone always starts, so nothing waits forever behind an empty
+batch. A job that could not fit even alone is refused at submit (Overloaded, naming its size
+and the budget).
+
 Work that helps a later request but no current one (computing a conversation's next prefix,
 `EdgeEngine.ask(keep=True)`) is queued with `when_idle` and runs only when no request waits
 or runs; at most `MAX_IDLE` such tasks are held, the oldest dropped first.
@@ -51,6 +58,8 @@ class Job:
     The caller iterates `events()`; leaving it early cancels the job. `deadline` is a
     `time.monotonic()` time; `alive()` says whether the client is still there.
     """
+
+    kv_bytes = 0  # what its cache holds at most (admission by KV memory; 0: not counted)
 
     def __init__(self, deadline: float | None = None, alive: Callable[[], bool] | None = None):
         self.deadline, self.alive = deadline, alive or (lambda: True)
@@ -102,10 +111,13 @@ class Scheduler:
 
     def __init__(self, rt, max_batch: int = 16, max_waiting: int = 64,
                  max_starts: int | None = None, invariant: bool = True,
-                 spec_rows: int | None = None):
+                 spec_rows: int | None = None, kv_budget: int | None = None):
         if max_batch < 1 or max_waiting < 0 or (max_starts is not None and max_starts < 1):
             raise ValueError("need max_batch ≥ 1, max_waiting ≥ 0 and max_starts ≥ 1")
+        if kv_budget is not None and kv_budget < 1:
+            raise ValueError("kv_budget must be positive (None: no limit)")
         self.rt, self.max_batch, self.max_waiting = rt, max_batch, max_waiting
+        self.kv_budget = kv_budget  # bytes the running jobs' caches may hold together
         self.max_starts = max_starts or max_batch  # starts between two decode steps
         self.invariant = invariant  # steps padded so no answer depends on its neighbours
         # rows a step may fill with drafts (0: no speculation; None: the default for the
@@ -137,6 +149,12 @@ class Scheduler:
         return self.waiting + self.running + (self._starting is not None)
 
     @property
+    def kv_reserved(self) -> int:
+        """Bytes the running jobs' caches (and the one starting) hold at most."""
+        held = [*self._running, *([self._starting] if self._starting is not None else [])]
+        return sum(job.kv_bytes for job in held)
+
+    @property
     def capacity(self) -> int:
         """Requests this scheduler holds at most (not counting the one starting)."""
         return self.max_batch + self.max_waiting
@@ -147,6 +165,11 @@ class Scheduler:
         with self._wake:
             if self._closed:
                 raise Cancelled("the service is stopping; ask another edge or retry later")
+            if self.kv_budget is not None and job.kv_bytes > self.kv_budget:
+                raise Overloaded(f"this request's KV cache would take {_mb(job.kv_bytes)}, "
+                                 f"more than the edge's KV budget of {_mb(self.kv_budget)}; "
+                                 "ask with fewer segments (top_k), a shorter conversation or "
+                                 "a smaller max_new_tokens, or raise the edge's --kv-budget")
             if len(self._waiting) >= self.max_waiting:
                 self._drop_gone(self._waiting)  # a client that left gives its place up now
             if len(self._waiting) >= self.max_waiting:
@@ -235,11 +258,15 @@ class Scheduler:
             self._idle_running = False
 
     def _next_start(self) -> Job | None:
-        """The next waiting job, if the batch has room for it."""
+        """The next waiting job, if the batch has room for it — a place, and its KV within
+        the budget beside the running ones' (one alone always fits)."""
         with self._wake:
             self._drop_gone(self._waiting)
             if not self._waiting or len(self._running) >= self.max_batch:
                 return None
+            if (self.kv_budget is not None and self._running and
+                    self.kv_reserved + self._waiting[0].kv_bytes > self.kv_budget):
+                return None  # it waits for an answer to end and give its KV back
             self._starting = self._waiting.popleft()
             return self._starting
 
@@ -301,3 +328,7 @@ class Scheduler:
                     self._running.remove(job)
                 if error is not None:
                     job.close(error)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"

@@ -238,6 +238,50 @@ def test_seeded_sampling_stays_per_request(engine):
     assert len({answer for _, answer in [(e, r["answer"]) for e, r in alone]}) > 1
 
 
+def sized(engine) -> list[int]:
+    """The KV bytes of every answer the engine's scheduler is given from here on."""
+    seen, submit = [], engine.scheduler.submit
+    engine.scheduler.submit = lambda job: seen.append(job.kv_bytes) or submit(job)
+    return seen
+
+
+def test_answers_wait_for_kv_memory_and_answer_the_same(loaded, state):
+    """With room in the KV budget for one answer at a time, concurrent asks start one after
+    another (every decode step has one row) and answer as they do alone."""
+    def ask(engine, question):
+        return comparable(list(engine.ask(Target("default", "facts"), question,
+                                          max_new_tokens=12)))
+
+    roomy = make_engine(loaded, state)
+    seen = sized(roomy)
+    try:
+        alone = [ask(roomy, q) for q in QUESTIONS]
+    finally:
+        roomy.close()
+    per_answer = max(seen)
+    assert min(seen) > 0 and per_answer == roomy.kv_token_bytes * max(
+        a["prompt_tokens"] + 12 for _, a in alone)
+    tight = make_engine(loaded, state, kv_budget=per_answer * 3 // 2)
+    try:
+        together = concurrently(lambda q: ask(tight, q), QUESTIONS)
+        assert together == alone
+        assert tight.scheduler.rows == tight.scheduler.steps  # never two at once
+        assert tight.scheduler.kv_reserved == 0
+    finally:
+        tight.close()
+
+
+def test_an_answer_larger_than_the_kv_budget_is_refused(loaded, state):
+    from kvedge.common.errors import Overloaded
+
+    engine = make_engine(loaded, state, kv_budget=4096)
+    try:
+        with pytest.raises(Overloaded, match="more than the edge's KV budget of 0 MiB"):
+            list(engine.ask(Target("default", "facts"), QUESTIONS[0], max_new_tokens=12))
+    finally:
+        engine.close()
+
+
 class Gate(Job):
     """Holds the scheduler thread in `start` until opened, as a long prefill would."""
 
