@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from kvedge.bench.gpu_check import _sync, median_ms, rel_err
+from kvedge.bench.gpu_timing import median_ms, rel_err, sync
 
 
 # ---------------------------------------------------------------------- decode attention
@@ -135,7 +135,7 @@ def _profile(rt, model, ids, device, steps: int = 5) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             decode_step(rt, [state], row_multiple=1)
-        _sync(device)
+        sync(device)
     out["kvedge"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18,
                                               max_name_column_width=60)
     from transformers import DynamicCache

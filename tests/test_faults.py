@@ -39,7 +39,7 @@ from kvedge.common.model.models import _tiny_config, build_random_model, load_mo
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.pack.container import pack_id as content_id
 from kvedge.common.pack.format import open_pack
-from kvedge.common.net.rpc import CHUNK, RemoteError
+from kvedge.common.net.rpc import PACK_CHUNK as CHUNK, RemoteError
 from kvedge.common.model.tokenizer import tiny_tokenizer
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.sync import Syncer, Target
