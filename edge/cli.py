@@ -62,6 +62,11 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--kb", "kbs", multiple=True, metavar="KB",
               help="KB to serve: NAME, NS/NAME or NS/NAME@VARIANT (repeatable); its manifest "
               "and retrieval index are synced, a pack is fetched when a question needs it")
+@click.option("--alternate", "alternates", multiple=True, metavar="KB@VARIANT",
+              help="a variant of a served KB whose packs may stand in for the KB's own "
+              "(repeatable): a missing segment is fetched from it when that arrives at least "
+              "0.25 s sooner by the measured link (its answers are the variant's: opt in only "
+              "to variants you accept); its manifest is synced like --kb's")
 @click.option("--pin", "pins", multiple=True, metavar="KB",
               help="KB to serve whole (repeatable): every pack fetched at sync and never "
               "evicted, so it answers with the cloud down")
@@ -122,8 +127,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: this edge's client certificate for the gateway")
 @click.option("--cloud-tls-key", type=click.Path(dir_okay=False), default=None,
               help="mutual TLS: the key of --cloud-tls-cert")
-def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_name, strategy,
-              top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
+def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_dir,
+              model_name, strategy, top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
               decode_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, kv_budget,
               session_bytes,
               http_address, metrics_address,
@@ -164,20 +169,22 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
     stop = StopSignal()  # from here a SIGTERM, even during start-up, ends in a clean stop
     pinned = list(dict.fromkeys(Target.parse(spec) for spec in pins))
     targets = pinned + [t for t in dict.fromkeys(map(Target.parse, kbs)) if t not in pinned]
+    standins = alternates_of(targets, alternates)
+    synced = targets + [t for alts in standins.values() for t in alts if t not in targets]
     loaded = load_model(model_name)
     cache = PackCache(state / "packs", loaded.fingerprint, cache_bytes)
     cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")),
                         client_tls(cloud_tls_ca, cloud_tls_cert, cloud_tls_key))
     fetcher = Fetcher(cloud, cache)  # one transfer path: sync, answers and prefetch
     prefetcher = Prefetcher(fetcher, cache, depth=prefetch)
-    syncer = Syncer(cloud, cache, state, pinned, loaded.tokenizer.decode, on_demand=targets,
+    syncer = Syncer(cloud, cache, state, pinned, loaded.tokenizer.decode, on_demand=synced,
                     fetcher=fetcher)
     engine = EdgeEngine(loaded, cache, state, fetcher=fetcher,
                         prefetcher=prefetcher if prefetch else None, max_batch=max_batch,
                         max_queue=max_queue, batch_invariant=batch_invariant,
                         session_bytes=session_bytes, spec_rows=spec_rows,
                         fetch_or_compute=fetch_or_compute, decode_weights=decode_weights,
-                        kv_budget=kv_budget or None)
+                        kv_budget=kv_budget or None, alternates=standins)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,
@@ -202,6 +209,23 @@ def serve_cmd(cloud_address, cloud_token, kbs, pins, address, state_dir, model_n
         stops.insert(0, scrape.stop)
     run_until_signal(server, stop, on_stop=stops)
     click.echo("edge stopped", err=True)
+
+
+def alternates_of(targets: list, specs: tuple[str, ...]) -> dict:
+    """--alternate specs → {served KB's key: [its variants allowed to stand in]}; each must
+    name a variant of a KB this edge serves."""
+    from kvedge.edge.sync import Target
+
+    served, out = {t.key: t for t in targets}, {}
+    for spec in specs:
+        alt = Target.parse(spec)
+        base = Target(alt.namespace, alt.kb)
+        if not alt.variant or base.key not in served:
+            raise click.BadParameter(f"{spec!r}: name a variant (KB@VARIANT) of a KB served "
+                                     f"with --kb or --pin ({sorted(served)})",
+                                     param_hint="--alternate")
+        out.setdefault(base.key, []).append(alt)
+    return out
 
 
 @main.command("strategies")

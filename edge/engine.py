@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -31,6 +32,7 @@ from kvedge.common.pack.prefill import Anchor
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge import DEFAULT_SESSION_BYTES
 from kvedge.edge.conversation import Conversation
+from kvedge.edge import variants
 from kvedge.edge.arriving import ArrivingSegment
 from kvedge.edge.fetch_or_compute import FetchOrCompute, Sourced
 from kvedge.edge.local_prefill import LocalPrefill, resolve
@@ -85,6 +87,8 @@ class AskResult:
     # still in memory counts as computed)
     fetched_segments: list[int] = field(default_factory=list)
     computed_segments: list[int] = field(default_factory=list)
+    # per segment, the KB variant its pack came from ("": the KB's own; edge.variants)
+    variants: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -92,6 +96,11 @@ class _KB:
     mtime: float
     manifest: dict
     index: BM25Index
+
+    @cached_property
+    def by_index(self) -> dict[int, dict]:
+        """Each segment's manifest entry by its index in the KB (a variant's lookup)."""
+        return {s["index"]: s for s in self.manifest["segments"]}
 
 
 class EdgeEngine:
@@ -122,13 +131,16 @@ class EdgeEngine:
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
                  spec_rows: int | None = None, fetch_or_compute: bool = False,
                  stream: bool = True, overlap: bool = True, decode_weights: str = "fp32",
-                 kv_budget: int | None = None):
+                 kv_budget: int | None = None,
+                 alternates: dict[str, list[Target]] | None = None):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
         self.fetcher, self.prefetcher = fetcher, prefetcher
         self.stream = stream  # a missing pack decoded while it arrives (False: after)
         self.overlap = overlap and stream  # ... and computed on as it arrives, when idle
+        # per served KB (its key), variants whose packs may stand in for its own (edge.variants)
+        self.alternates = alternates or {}
         self.rt = Runtime(loaded)
         self.rt.use_decode_weights(decode_weights)
         self.tok = loaded.tokenizer
@@ -292,6 +304,7 @@ class EdgeEngine:
                                  max_new_tokens, question, n_prefix)
         prefix, dropped, kept = self.prefix(chat, sum(m["n_tokens"] for m in metas), question,
                                             max_new_tokens)
+        metas = self._variants(target, metas)
 
         def job(composed: Composed) -> _Answer:
             if prefix is not None:
@@ -318,7 +331,8 @@ class EdgeEngine:
             dropped_turns=dropped, sources=[m.get("source", "") for m in metas],
             draft_tokens=event["drafted"], accepted_tokens=event["accepted"],
             fetched_segments=event["fetched_segments"],
-            computed_segments=event["computed_segments"])
+            computed_segments=event["computed_segments"],
+            variants=[m.get("variant", "") for m in metas])
 
     def prefix(self, chat: Conversation, context_tokens: int, question: str,
                max_new_tokens: int) -> tuple[list[int] | None, int, Conversation]:
@@ -429,6 +443,18 @@ class EdgeEngine:
             ranked = kb.index.top_k(query, top_k + self.prefetcher.depth)
             below = [kb.manifest["segments"][i] for i in ranked if i not in picked]
         return metas, below
+
+    def _variants(self, target: Target, metas: list[dict]) -> list[dict]:
+        """Each segment's manifest entry, or an allowed variant's for the same segment where
+        that pack is cached or arrives enough sooner (`edge.variants`), marked "variant"."""
+        allowed = self.alternates.get(target.key)
+        if not allowed or self.fetcher is None:
+            return metas
+        with self._lock:
+            kbs = [(alt.variant, self._kb(alt)) for alt in allowed]
+        return [variants.choose(m, [{**kb.by_index[m["index"]], "variant": name}
+                                    for name, kb in kbs if m["index"] in kb.by_index],
+                                self.cache.has, self.fetcher.link.seconds) for m in metas]
 
     def _offer(self, target: Target, metas: list[dict]) -> None:
         """After the answer's own packs are in: the link is the answer's first."""

@@ -24,9 +24,8 @@ still in memory (`LocalPrefill.computed`) costs nothing and is taken.
 Left out of the prediction: a fetched pack's verification and decoding (≪ its transfer on a
 link slow enough for the choice to matter), a computed segment's wait behind other answers on
 the scheduler thread (its prefill also pauses their decoding), and transfers other asks run
-on the same link meanwhile. Where the cloud holds several variants of a KB (a compressed
-variant is fewer bytes to fetch), the edge fetches the variant it serves: choosing among
-variants is not done here.
+on the same link meanwhile. Which variant's pack a segment would be fetched from (where the
+edge may use a compressed variant of the KB) is chosen before, `edge.variants`.
 """
 from __future__ import annotations
 

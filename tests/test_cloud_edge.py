@@ -483,6 +483,42 @@ def test_codec_job_writes_a_smaller_variant_the_edge_can_serve(client, cloud, tm
         server.stop(0)
 
 
+def test_an_edge_fetches_an_alternate_variants_pack_when_the_link_is_slow(client, tmp_path):
+    """`kvedge serve --kb KB --alternate KB@VARIANT`: over a slow link (the meter's prediction
+    set) a missing segment comes from the smaller variant's pack, over a fast one from the
+    KB's own; the answer's stats say which; the alternate's manifest is synced on demand."""
+    from kvedge.edge.fetcher import Fetcher
+
+    base = upload_ready(client, write_kb(tmp_path / "kb", DOCS), "alternated")
+    job = client.submit_job("default", ["alternated"], "none", 1.0, "int4+zstd")
+    assert list(client.watch_job("default", job.job_id))[-1].status == "done"
+    own, alt = Target.parse("default/alternated"), Target.parse(f"alternated@{job.variant}")
+    loaded = load_model(MODEL)
+    cache = PackCache(tmp_path / "packs", loaded.fingerprint)
+    fetcher = Fetcher(client, cache)
+    Syncer(client, cache, tmp_path, [], loaded.tokenizer.decode, on_demand=[own, alt],
+           fetcher=fetcher).sync_once()
+    assert cache.root.exists() and not list(cache.root.glob("*.kvp"))  # nothing fetched yet
+    engine = EdgeEngine(loaded, cache, tmp_path, fetcher=fetcher, alternates={own.key: [alt]})
+    variant_packs = {s.index: s.pack_id for s in client.get_kb("default", "alternated",
+                                                                job.variant).segments}
+    try:
+        fetcher.link.seconds = lambda n: 0.02 + n * 8 / 1e4  # 10 kbit/s: every byte counts
+        *_, slow = engine.ask(own, "alpha code?", top_k=2, max_new_tokens=2)
+        assert slow.variants == [job.variant] * 2 and slow.tokens == 2
+        assert {p.stem for p in cache.root.glob("*.kvp")} == {variant_packs[i]
+                                                              for i in slow.segments}
+        fetcher.link.seconds = lambda n: 0.02 + n * 8 / 1e9  # 1 Gbit/s
+        *_, fast = engine.ask(own, "Which tower does beta have?", top_k=3, max_new_tokens=2)
+        fetched = [i for i in fast.segments if i not in slow.segments]
+        assert fetched and all(fast.variants[fast.segments.index(i)] == "" for i in fetched)
+        assert all(fast.variants[fast.segments.index(i)] == job.variant  # cached: taken
+                   for i in fast.segments if i in slow.segments)
+        assert base.segments[fetched[0]].pack_id in {p.stem for p in cache.root.glob("*.kvp")}
+    finally:
+        engine.close()
+
+
 def test_job_reports_failed_contexts_and_publishes_nothing(client, cloud, tmp_path):
     base = upload_ready(client, write_kb(tmp_path / "kb", {"only.md": "Lonely text " * 30}),
                         "fragile")
