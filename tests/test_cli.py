@@ -47,6 +47,13 @@ def test_json_output_is_snake_case_with_int64_as_numbers():
     assert proto_dict(pb.AskRequest(options={"ratio": "0.2"}))["options"] == {"ratio": "0.2"}
 
 
+def test_an_alternate_must_be_a_variant_of_a_served_kb(tmp_path):
+    for spec in ("other@small", "docs"):
+        out = CliRunner().invoke(kvedge_main, ["serve", "--kb", "docs", "--alternate", spec,
+                                               "--state", str(tmp_path)])
+        assert out.exit_code == 2 and "name a variant (KB@VARIANT) of a KB served" in out.output
+
+
 def test_registry_options_are_choices_and_opts_parse():
     import click
 
