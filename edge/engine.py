@@ -25,7 +25,7 @@ import torch
 
 from kvedge.common.errors import (BadInput, ContextLengthExceeded, InvalidRequest,
                                   ModelMismatch, NotFound, RequestTooLarge)
-from kvedge.common.model.decoding import GREEDY, Decoding, Sampler
+from kvedge.common.model.decoding import GREEDY, Sampler
 from kvedge.common.pack.errors import PackCorrupt, PackError, PackUnavailable
 from kvedge.common.pack.manifest import KVShape
 from kvedge.common.pack.prefill import Anchor
@@ -33,9 +33,10 @@ from kvedge.common.model.tokenizer import chat_turn
 from kvedge.edge import DEFAULT_SESSION_BYTES
 from kvedge.edge.conversation import Conversation
 from kvedge.edge import variants
+from kvedge.edge.answer import Answer
 from kvedge.edge.arriving import ArrivingSegment
 from kvedge.edge.fetch_or_compute import FetchOrCompute, Sourced
-from kvedge.edge.local_prefill import LocalPrefill, resolve
+from kvedge.edge.local_prefill import LocalPrefill
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.sessions import PrefixCache, PrefixKV
@@ -223,11 +224,11 @@ class EdgeEngine:
         """`answer`, queued now: the job whose `events()` yield what `answer` yields. A caller
         with many prompts submits them all before reading any, so the scheduler decodes them
         together (the benchmark's concurrent asks); times count from this call."""
-        return self.scheduler.submit(self._sized(_Answer(
+        return self.scheduler.submit(self._sized(Answer(
             self.tok, composed, strategy, max_new_tokens, sampler, stop, time.perf_counter(),
             None, None)))
 
-    def _sized(self, answer: "_Answer") -> "_Answer":
+    def _sized(self, answer: "Answer") -> "Answer":
         """The answer with the KV its cache holds at most (the scheduler admits by it): its
         prompt and decode budget, every layer, at the runtime's dtype."""
         answer.kv_bytes = answer.composed.seq_len(answer.max_new_tokens) * self.kv_token_bytes
@@ -306,11 +307,11 @@ class EdgeEngine:
                                             max_new_tokens)
         metas = self._variants(target, metas)
 
-        def job(composed: Composed) -> _Answer:
+        def job(composed: Composed) -> Answer:
             if prefix is not None:
                 composed = replace(composed, prefix_ids=prefix, prefix_keys=None,
                                    prefix_values=None)
-            return self._sized(_Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop,
+            return self._sized(Answer(self.tok, composed, chosen, max_new_tokens, sampler, stop,
                                        start, deadline, alive,
                                        self.sessions if prefix is not None else None))
 
@@ -571,81 +572,6 @@ def _named(metas: list[dict]) -> str:
     """"segment 3 (doc.md, pack 1a2b3c4d5e6f…)", joined: what an error or a log line names."""
     return ", ".join(f"segment {m['index']} ({m['source']}, pack {m['pack_id'][:12]}…)"
                      for m in metas) or "no segment"
-
-
-class _Transcript:
-    """An answer's tokens as text: the end-of-turn token or a `stop` string (left out of the
-    text) ends it; each token's arrival is timed."""
-
-    def __init__(self, tok, stop: Sequence[str]):
-        from kvedge.common.model.textstream import StopText, TextStream
-
-        self.stream, self.stops, self.eos = TextStream(tok), StopText(stop), tok.eos_token_id
-        self.times: list[float] = []
-        self.finish_reason = "length"  # until the turn ends or a stop string comes
-
-    def push(self, token: int) -> tuple[str, bool]:
-        """(the text it completes, whether the answer is over)."""
-        self.times.append(time.perf_counter())
-        if token == self.eos:
-            self.finish_reason = "stop"
-            return "", True
-        piece = self.stops.push(self.stream.push(token))
-        if self.stops.hit:
-            self.finish_reason = "stop"
-        return piece, self.stops.hit
-
-    def costs(self, start: float, plan, composed: Composed) -> dict:
-        """What the answer cost; times relative to `start`."""
-        from kvedge.common.model.kvcache import cache_nbytes
-        from kvedge.edge.strategies.base import sequence_ratio
-
-        times = self.times
-        return {"answer": self.stops.text.strip(), "tokens": len(self.stream.ids),
-                "finish_reason": self.finish_reason,
-                "first_token_s": times[0] - start if times else 0.0,
-                "answer_s": times[-1] - start if times else 0.0,  # time to the whole answer
-                "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
-                "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
-                "sequence_ratio": sequence_ratio(plan.cache, composed),
-                "prompt_tokens": len(composed.all_ids())}
-
-
-class _Answer(Job):
-    """One answer in the scheduler (`EdgeEngine.ask` and `EdgeEngine.answer`): the strategy's
-    plan run to its first token when it starts, then the text pieces, then the costs dict."""
-
-    def __init__(self, tok, composed: Composed, strategy, max_new_tokens: int, sampler: Sampler,
-                 stop: Sequence[str], start: float, deadline: float | None,
-                 alive: Callable[[], bool] | None, sessions: PrefixCache | None = None):
-        super().__init__(deadline, alive)
-        self.composed, self.strategy, self.max_new_tokens = composed, strategy, max_new_tokens
-        self.sampler, self.started, self.plan = sampler, start, None
-        self.text = _Transcript(tok, stop)
-        self.sessions, self.reused = sessions, 0  # a conversation's prefix KV comes from it
-
-    def start(self, rt) -> Decoding:
-        self.composed = resolve(rt, self.composed)  # segments chosen to be computed: now
-        if self.sessions is not None:  # on the model's thread: it may prefill new turns
-            kv = self.sessions.kv(rt, self.composed.prefix_ids)
-            self.composed = replace(self.composed, prefix_keys=kv.keys, prefix_values=kv.values)
-            self.reused = kv.reused
-        self.plan = self.strategy.plan(rt, self.composed, reserve=self.max_new_tokens)
-        return Decoding.start(rt, self.plan, self.max_new_tokens, sampler=self.sampler,
-                              stop_ids=(self.text.eos,), lookup=self.composed.all_ids())
-
-    def on_token(self, token: int) -> bool:
-        piece, done = self.text.push(token)
-        if piece:
-            self.put(piece)
-        return done
-
-    def finish(self) -> None:
-        if rest := self.text.stops.flush():
-            self.put(rest)
-        self.put({**self.text.costs(self.started, self.plan, self.composed),
-                  "session_reused": self.reused, "decode_steps": self.decoding.steps,
-                  "drafted": self.decoding.drafted, "accepted": self.decoding.accepted})
 
 
 def default_kv_budget(device) -> int:
