@@ -34,6 +34,10 @@ The same run does a `--small`-segment KB (default 100) the same way, its cache t
 budget (it holds all of it): the reference for the cache-hit latency target (issue 26:
 p99 within 1.5x of a 100-segment KB's). Latency is the client's, request to complete answer
 (`--max-new-tokens` tokens); TTFT is the edge's own.
+
+`python -m kvedge.bench.scale --hits-in-process DATA` times cache hits alone on the KBs a
+`--data DATA` run kept: the engine in this process, asked about cached records only
+(`hits_in_process`).
 """
 from __future__ import annotations
 
@@ -340,6 +344,43 @@ def _pct(values: list[float], p: float) -> float | None:
     return ranked[max(0, math.ceil(p / 100 * len(ranked)) - 1)]
 
 
+def hits_in_process(data: Path, model: str = "tiny-llama", asks: int = 180,
+                    max_new_tokens: int = 8) -> list[dict]:
+    """Cache hits alone: for each KB an earlier run kept under `data` (its edge state), an
+    `EdgeEngine` in this process — no fetcher, no prefetch, no server — asked about records
+    whose packs are cached (top_k 1, so every ask is a hit), `asks` times after a warm-up.
+    What the engine's hit path costs by KB size, without the daemon's background work."""
+    from kvedge.common.model.models import load_model
+    from kvedge.edge.engine import EdgeEngine
+    from kvedge.edge.packcache import PackCache
+    from kvedge.edge.sync import Target
+
+    loaded, words, rows = load_model(model), vocabulary(), []
+    states = [p for p in data.glob("edge-kb*") if p.is_dir()]
+    for state in sorted(states, key=lambda p: int(p.name[len("edge-kb"):])):
+        name = state.name[len("edge-"):]
+        manifest = json.loads((state / "kbs" / NAMESPACE / f"{name}.json").read_text())
+        cached = {p.stem for p in (state / "packs").glob("*.kvp")}
+        records = [int(s["text"].split("Record r", 1)[1][:5]) for s in manifest["segments"]
+                   if s["pack_id"] in cached][:60]
+        engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state)
+        target, seconds, ttfts = Target(NAMESPACE, name), [], []
+        try:
+            for n in range(asks + 5):
+                start = time.perf_counter()
+                *_, done = engine.ask(target, question(records[n % len(records)], words),
+                                      top_k=1, max_new_tokens=max_new_tokens)
+                if n >= 5:  # the first asks decode their packs into memory
+                    seconds.append(time.perf_counter() - start)
+                    ttfts.append(done.ttft_s)
+        finally:
+            engine.close()
+        rows.append({"kb": name, "segments": len(manifest["segments"]),
+                     "cached_packs": len(cached),
+                     "hit": _latency(list(zip(seconds, ttfts)))})
+    return rows
+
+
 def run(segments: int, questions: int, cache_fraction: float, *, small: int = 100,
         model: str = "tiny-llama", segment_tokens: int = 128, max_new_tokens: int = 8,
         top_k: int = 3, data: Path | None = None, echo=print) -> dict:
@@ -398,6 +439,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--sync-only"]:
         return sync_only(*argv[1:])
+    if argv[:1] == ["--hits-in-process"]:  # DATA: a --data folder a run kept
+        return print(json.dumps(hits_in_process(Path(argv[1])), indent=1))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--segments", type=int, default=20000)
     ap.add_argument("--questions", type=int, default=1000,

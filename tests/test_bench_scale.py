@@ -22,6 +22,9 @@ def test_the_scale_bench_reports_every_figure_and_keeps_disk_within_the_budget(t
     # --questions 0 on the same data: the KB is reused, its sync timed both ways
     [synced] = scale.run(200, 0, 0.05, small=0, data=tmp_path, echo=lambda *_: None)["rows"]
     assert synced["ingest_s"] is None and synced["sync_heads_s"] > 0 < synced["sync_ranged_s"]
+    # --hits-in-process on the same data: the edge state's cached packs, asked in process
+    [hits] = scale.hits_in_process(tmp_path, asks=10)
+    assert hits["kb"] == "kb200" and hits["hit"]["n"] == 10 and hits["cached_packs"] > 0
 
 
 def test_the_workload_repeats_a_hot_set_between_fresh_questions():
