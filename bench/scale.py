@@ -213,7 +213,8 @@ def sync_only(state: str, address: str, token: str, name: str, model: str,
 class Edge:
     """`kvedge serve` on loopback with its HTTP API, on a synced state folder."""
 
-    def __init__(self, state: Path, cloud: Cloud, name: str, model: str, cache_bytes: int):
+    def __init__(self, state: Path, cloud: Cloud, name: str, model: str, cache_bytes: int,
+                 prefetch: int | None = None):
         from kvedge.apps.demo import free_port
 
         self.state, self.name = state, name
@@ -222,6 +223,7 @@ class Edge:
                 "--cloud-token", cloud.token, "--kb", f"{NAMESPACE}/{name}", "--state",
                 str(state), "--model", model, "--cache-bytes", str(cache_bytes),
                 "--always-fetch", "--address", f"127.0.0.1:{free_port()}", "--http", self.http]
+        args += [] if prefetch is None else ["--prefetch", str(prefetch)]
         self.log = open(f"{state}.log", "ab")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -284,7 +286,8 @@ class Edge:
 # ------------------------------------------------------------------ one KB's run
 
 def run_kb(cloud: Cloud, root: Path, name: str, n_questions: int, cache_bytes: int,
-           model: str, max_new_tokens: int, top_k: int, echo=print) -> dict:
+           model: str, max_new_tokens: int, top_k: int, echo=print,
+           prefetch: int | None = None) -> dict:
     """Sync a fresh edge state, serve it, ask; the KB's figures."""
     state = root / f"edge-{name}"
     shutil.rmtree(state, ignore_errors=True)
@@ -295,7 +298,7 @@ def run_kb(cloud: Cloud, root: Path, name: str, n_questions: int, cache_bytes: i
     # (top_k + prefetch) packs each; a tenth of the cache's packs leaves room for them
     cache_packs = cache_bytes * n_records // sum(s.pack_bytes for s in segments)
     hot = max(1, min(HOT_QUESTIONS, cache_packs // 10))
-    edge = Edge(state, cloud, name, model, cache_bytes)
+    edge = Edge(state, cloud, name, model, cache_bytes, prefetch)
     words = vocabulary()
     hits, misses, disk_max, rss = [], [], 0, {}
     try:
@@ -383,7 +386,8 @@ def hits_in_process(data: Path, model: str = "tiny-llama", asks: int = 180,
 
 def run(segments: int, questions: int, cache_fraction: float, *, small: int = 100,
         model: str = "tiny-llama", segment_tokens: int = 128, max_new_tokens: int = 8,
-        top_k: int = 3, data: Path | None = None, echo=print) -> dict:
+        top_k: int = 3, data: Path | None = None, echo=print,
+        prefetch: int | None = None) -> dict:
     """Both KBs' figures (the big one's cache `cache_fraction` of its pack bytes; the small
     one's the same budget; `small` 0: none) and the targets' ratios."""
     root = Path(data) if data else Path(tempfile.mkdtemp(prefix="kvscale-"))
@@ -396,7 +400,8 @@ def run(segments: int, questions: int, cache_fraction: float, *, small: int = 10
                              for size in sizes]}
         budget = int(cache_fraction * kbs[segments]["pack_bytes"])
         rows = [{**kbs[size], **run_kb(cloud, root, f"kb{size}", questions, budget, model,
-                                       max_new_tokens, top_k, echo)} for size in sizes]
+                                       max_new_tokens, top_k, echo, prefetch)}
+                for size in sizes]
     finally:
         cloud.stop()
         if data is None:
@@ -454,10 +459,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", type=Path, default=None,
                     help="keep the cloud and edges here; a KB already ingested is reused")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="the edge's --prefetch (default: kvedge serve's)")
     args = ap.parse_args(argv)
     report = run(args.segments, args.questions, args.cache_fraction, small=args.small,
                  model=args.model, segment_tokens=args.segment_tokens,
-                 max_new_tokens=args.max_new_tokens, data=args.data)
+                 max_new_tokens=args.max_new_tokens, data=args.data, prefetch=args.prefetch)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     if not args.questions:
