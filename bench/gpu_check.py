@@ -140,6 +140,39 @@ def kernel_speed(device) -> list[dict]:
     return rows
 
 
+def block_sweep(device) -> list[dict]:
+    """The fused kernel's rows per program (`block_rows`) on the large piece above: GB/s each,
+    int4 per channel and int2 per token, fp16 out; and the RoPE kernel's."""
+    import triton.testing
+
+    from kvedge.kernels.dequant_rope import dequant_rope_many
+    from kvedge.kernels.quant import quantize
+    from kvedge.kernels.rope import rope_triton
+
+    n, dim = 8 * 32768, 128
+    pos = torch.randint(0, 131072, (n,), device=device)
+    freq = _inv_freq(dim).float().to(device)
+    rows = []
+    for bits, per_channel, group in ((4, True, 64), (2, False, 32)):
+        q = quantize(torch.randn(n, dim, device=device), bits, group, per_channel)
+        moved = sum(t.numel() * t.element_size() for t in (q.packed, q.scale, q.zero))
+        moved += n * dim * 2
+        for block in (8, 16, 32, 64, 128):
+            ms = triton.testing.do_bench(
+                lambda: dequant_rope_many([q], pos, freq, 1.0, torch.float16, block),
+                warmup=50, rep=200, return_mode="median")
+            rows.append({"op": f"dequant_rope int{bits}", "block_rows": block, "ms": ms,
+                         "GBps": moved / ms / 1e6})
+    x = torch.randn(8, 32768, dim, device=device, dtype=torch.bfloat16)
+    p = torch.randint(0, 131072, (32768,), device=device)
+    for block in (8, 16, 32, 64, 128):
+        ms = triton.testing.do_bench(lambda: rope_triton(x, p, freq, 1.0, block), warmup=50,
+                                     rep=200, return_mode="median")
+        rows.append({"op": "rope bf16", "block_rows": block, "ms": ms,
+                     "GBps": 2 * x.numel() * 2 / ms / 1e6})
+    return rows
+
+
 # ---------------------------------------------------------------------- 4. realign
 class _Pieces:
     """A RowSource over pre-encoded per-head pieces (what an opened pack hands out)."""
@@ -260,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = [("ceilings", lambda: ceilings(device), True),
                 ("kernels", lambda: kernel_checks(device), interpreted),
                 ("kernel_speed", lambda: kernel_speed(device), False),
+                ("blocks", lambda: block_sweep(device), False),
                 ("sdpa", lambda: gpu_runtime.sdpa_probe(device), False),
                 ("realign", lambda: realign_check(device, **small), True),
                 ("runtime", lambda: gpu_runtime.runtime_check(device, args.quick), True)]
@@ -285,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if "kernels" in result:
         print(_table("kernels: worst ‖out − ref‖/‖ref‖ against float64",
                      _kernel_summary(result["kernels"])))
-    for name in ("ceilings", "kernel_speed", "sdpa", "realign", "runtime"):
+    for name in ("ceilings", "kernel_speed", "blocks", "sdpa", "realign", "runtime"):
         if name in result:
             print(_table(name, result[name]))
     return 1 if any(k.endswith("_error") for k in result) else 0
