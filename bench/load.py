@@ -99,12 +99,16 @@ class Round:
     label: str = ""  # how the row reads in the table, if not the client count
     wall_s: float = 0.0
     ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)  # answers of 2+ tokens
     tokens: list[int] = field(default_factory=list)
     texts: dict[str, set[str]] = field(default_factory=dict)  # answers given to each question
     lost: list[str] = field(default_factory=list)
 
-    def add(self, question: str, ttft: float, tokens: int, text: str) -> None:
+    def add(self, question: str, ttft: float, tokens: int, text: str,
+            tpot: float | None = None) -> None:
         self.ttfts.append(ttft)
+        if tpot is not None:
+            self.tpots.append(tpot)
         self.tokens.append(tokens)
         self.texts.setdefault(question, set()).add(text)
 
@@ -122,20 +126,31 @@ class Round:
         return self.answers / self.wall_s if self.wall_s else 0.0
 
     def ttft(self, q: float) -> float:
-        if not self.ttfts:
-            return float("nan")
-        return statistics.quantiles(self.ttfts, n=100, method="inclusive")[round(q * 100) - 1] \
-            if len(self.ttfts) > 1 else self.ttfts[0]
+        return _quantile(self.ttfts, q)
+
+    def tpot(self, q: float) -> float:
+        """Seconds per output token after the first (client-side: first piece to the end)."""
+        return _quantile(self.tpots, q)
 
 
-def ask_timed(client, kb: str, question: str, **ask) -> tuple[float, int, str]:
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] \
+        if len(values) > 1 else values[0]
+
+
+def ask_timed(client, kb: str, question: str, **ask) -> tuple:
     """Ask and read the whole answer: (client-side time to its first piece, its tokens, its
-    text)."""
+    text, its seconds per token after the first: first piece to the end / (tokens - 1),
+    None for one token)."""
     start, first = time.perf_counter(), None
     for event in client.ask("default", kb, question, **ask):
         if first is None:
             first = time.perf_counter() - start
-    return first, event.tokens, event.answer
+    end = time.perf_counter() - start
+    tpot = (end - first) / (event.tokens - 1) if event.tokens > 1 else None
+    return first, event.tokens, event.answer, tpot
 
 
 def run_round(address: str, token: str, kb: str, questions: list[str], clients: int,
@@ -178,14 +193,15 @@ def table(rounds: list[Round]) -> str:
     base = rounds[0]
     lines = ["| clients | answers | lost | questions answered differently | tokens/answer | "
              "wall s | answers/s | × 1 client | TTFT p50 s | × 1 client | TTFT p99 s | "
-             "× 1 client |", "|---" * 12 + "|"]
+             "× 1 client | TPOT p50 ms | TPOT p99 ms |", "|---" * 14 + "|"]
     for r in rounds:
         mean_tokens = sum(r.tokens) / len(r.tokens) if r.tokens else 0.0
         lines.append(f"| {r.label or r.clients} | {r.answers} | {len(r.lost)} | "
                      f"{r.differing(base)} | {mean_tokens:.1f} | {r.wall_s:.1f} | "
                      f"{r.rate:.2f} | {r.rate / base.rate:.2f} | {r.ttft(.5):.2f} | "
                      f"{r.ttft(.5) / base.ttft(.5):.2f} | {r.ttft(.99):.2f} | "
-                     f"{r.ttft(.99) / base.ttft(.99):.2f} |")
+                     f"{r.ttft(.99) / base.ttft(.99):.2f} | {r.tpot(.5) * 1e3:.0f} | "
+                     f"{r.tpot(.99) * 1e3:.0f} |")
     return "\n".join(lines)
 
 
@@ -207,13 +223,13 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     chosen = get_strategy(strategy or DEFAULT_STRATEGY)  # what the edge's rounds used
     target = Target("default", "load")
 
-    def one(question: str) -> tuple[float, int, str]:
+    def one(question: str) -> tuple:
         start, first = time.perf_counter(), None
         _, composed = engine.retrieve(target, question, top_k, max_new_tokens)
         for event in engine.answer(composed, chosen, max_new_tokens):
             if first is None:
                 first = time.perf_counter() - start
-        return first, event["tokens"], event["answer"]
+        return first, event["tokens"], event["answer"], event["tpot_s"] or None
 
     one(questions[0])  # first-use costs out of the round
     result, began = Round(1, "1, in process, unpadded"), time.perf_counter()

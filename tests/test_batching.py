@@ -413,6 +413,7 @@ def test_load_rounds_count_answers_that_differ_from_one_client():
     for question, text in [("q1", "a"), ("q2", "B"), ("q1", "a")]:
         many.add(question, 0.8, 3, text)
     assert (one.differing(one), many.differing(one), many.answers, many.rate) == (0, 1, 3, 1.5)
-    many.add("q1", 0.9, 3, "a, twice")
+    many.add("q1", 0.9, 3, "a, twice", tpot=0.05)
     assert many.differing(one) == 2
     assert "| 4 | 4 | 0 | 2 | 3.0 | 2.0 | 2.00 | 2.00 |" in table([one, many])
+    assert many.tpot(0.5) == 0.05 and table([one, many]).endswith("| 50 | 50 |")
