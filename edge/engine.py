@@ -451,8 +451,13 @@ class EdgeEngine:
         allowed = self.alternates.get(target.key)
         if not allowed or self.fetcher is None:
             return metas
+        kbs = []
         with self._lock:
-            kbs = [(alt.variant, self._kb(alt)) for alt in allowed]
+            for alt in allowed:
+                try:
+                    kbs.append((alt.variant, self._kb(alt)))
+                except NotFound:  # not synced (yet): the KB's own packs
+                    continue
         return [variants.choose(m, [{**kb.by_index[m["index"]], "variant": name}
                                     for name, kb in kbs if m["index"] in kb.by_index],
                                 self.cache.has, self.fetcher.link.seconds) for m in metas]

@@ -517,6 +517,13 @@ def test_an_edge_fetches_an_alternate_variants_pack_when_the_link_is_slow(client
         assert base.segments[fetched[0]].pack_id in {p.stem for p in cache.root.glob("*.kvp")}
     finally:
         engine.close()
+    unsynced = EdgeEngine(loaded, cache, tmp_path, fetcher=fetcher,
+                          alternates={own.key: [Target.parse("alternated@never-made")]})
+    try:  # an alternate not synced (yet) leaves the KB's own packs
+        *_, done = unsynced.ask(own, "alpha code?", top_k=1, max_new_tokens=2)
+        assert done.variants == [""]
+    finally:
+        unsynced.close()
 
 
 def test_job_reports_failed_contexts_and_publishes_nothing(client, cloud, tmp_path):
