@@ -151,6 +151,49 @@ def _profile(rt, model, ids, device, steps: int = 5) -> dict:
     return out
 
 
+def hf_static_decode(device, quick: bool = False, context: int = 1300, steps: int = 40,
+                     dtype=torch.bfloat16) -> dict:
+    """transformers' own model of the same shape over a `StaticCache`: ms per decode step
+    eager and, on CUDA, with the step captured once as a CUDA graph and replayed (its token
+    and position updated inside the graph). The reference point for what graphs over a
+    static cache make of this step (issue 28); not kvedge's runtime."""
+    from transformers import Qwen2ForCausalLM, StaticCache
+
+    config = _qwen_shape(quick)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype).eval()
+    n = 64 if quick else context
+    ids = torch.randint(0, config.vocab_size, (1, n), device=device)
+    cache = StaticCache(config=config, max_cache_len=n + 2 * steps + 64)
+    out = {"dtype": str(dtype).split(".")[1], "context": n}
+    with torch.no_grad():
+        logits = model(ids, past_key_values=cache, use_cache=True,
+                       cache_position=torch.arange(n, device=device)).logits
+        tok, pos = logits[0, -1].argmax().view(1, 1), torch.tensor([n], device=device)
+
+        def step():
+            step_logits = model(tok, past_key_values=cache, cache_position=pos,
+                                use_cache=True).logits
+            tok.copy_(step_logits[0, -1].argmax().view(1, 1))
+            pos.add_(1)
+
+        out["eager_ms"] = median_ms(lambda: (step(), tok.item()), device, repeats=10, warmup=2)
+        if torch.device(device).type == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            out["graph_ms"] = median_ms(lambda: (graph.replay(), tok.item()), device,
+                                        repeats=steps, warmup=2)
+    return out
+
+
 def runtime_check(device, quick: bool, profile: bool = True) -> list[dict]:
     from transformers import Qwen2ForCausalLM
 
