@@ -579,11 +579,17 @@ def _named(metas: list[dict]) -> str:
                      for m in metas) or "no segment"
 
 
-def default_kv_budget(device) -> int:
+def default_kv_budget(device) -> int | None:
     """Half the memory free now on `device` (the GPU's with CUDA, else the machine's): what
-    the answers decoding together may hold in KV when `kvedge serve --kv-budget` is 0."""
+    the answers decoding together may hold in KV when `kvedge serve --kv-budget` is 0. None
+    (no limit) where the system does not say (`SC_AVPHYS_PAGES` is Linux's)."""
     import os
 
     if torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(device)[0] // 2
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 or None
+    except (ValueError, OSError):
+        log.warning("free memory unknown on this system: answers are admitted without a KV "
+                    "budget (set kvedge serve --kv-budget)")
+        return None

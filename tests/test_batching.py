@@ -271,6 +271,16 @@ def test_answers_wait_for_kv_memory_and_answer_the_same(loaded, state):
         tight.close()
 
 
+def test_the_default_kv_budget_is_half_the_free_memory_or_none(monkeypatch):
+    import os
+
+    from kvedge.edge.engine import default_kv_budget
+
+    assert default_kv_budget("cpu") > 0
+    monkeypatch.setattr(os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError(name)))
+    assert default_kv_budget("cpu") is None  # a system that does not say: no limit
+
+
 def test_an_answer_larger_than_the_kv_budget_is_refused(loaded, state):
     from kvedge.common.errors import Overloaded
 
