@@ -160,8 +160,7 @@ class Fetcher:
     def _lead(self, namespace: str, pack_id: str, flight: _Flight) -> None:
         """Run the transfer this caller leads; its outcome to every waiter."""
         try:
-            self._transfer(namespace, pack_id, flight.arrival is not None, flight.received,
-                           flight.arrival)
+            self._transfer(namespace, pack_id, flight.received, flight.arrival)
         except BaseException as err:
             flight.error = err
             if flight.arrival is not None:
@@ -221,14 +220,14 @@ class Fetcher:
             flight = self._flights.get(pack_id)
             return 0 if flight is None else flight.callers
 
-    def _transfer(self, namespace: str, pack_id: str, decode: bool,
-                  received: threading.Event, arrival=None) -> None:
+    def _transfer(self, namespace: str, pack_id: str, received: threading.Event,
+                  arrival=None) -> None:
         """Resume from what the cache holds of it, verify, commit, keep the cache in budget
-        (the caller holds the packs it is about to read: `PackCache.hold`); `decode`: read
-        it as it arrives (each layer handed to `arrival` once decoded). `received` is set
-        once the last byte is in."""
+        (the caller holds the packs it is about to read: `PackCache.hold`); with an
+        `arrival`, read it as it arrives (each layer handed to `arrival` once decoded).
+        `received` is set once the last byte is in."""
         offset = self.cache.held(pack_id)
-        stream = _Decoding(self.cache, pack_id, offset, arrival) if decode else None
+        stream = _Decoding(self.cache, pack_id, offset, arrival) if arrival is not None else None
         try:
             for chunk in self._timed(self.client.fetch_pack(namespace, pack_id, offset)):
                 if chunk.offset == offset and chunk.total:  # room first: disk ≤ capacity

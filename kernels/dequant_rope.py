@@ -105,7 +105,7 @@ def dequant_rope_many(qs: list[QuantizedTensor], positions: torch.Tensor | None 
     n, dim = sum(q.n for q in qs), q0.dim
     if dim % 2:
         raise ValueError(f"head_dim must be even, got {dim}")
-    if any(_layout(q) != _layout(q0) for q in qs):
+    if any(q.layout != q0.layout for q in qs):
         raise ValueError("dequant_rope_many needs tensors of one layout (bits, group, axis, D)")
     out = torch.empty(n, dim, dtype=out_dtype, device=device)
     if n == 0:
@@ -128,10 +128,6 @@ def dequant_rope_many(qs: list[QuantizedTensor], positions: torch.Tensor | None 
                   PER_CHANNEL=q0.per_channel, INDEXED=indexed,
                   ROTATE=rotate, BLOCK_R=block_rows, BLOCK_H=block_h)
     return out
-
-
-def _layout(q: QuantizedTensor) -> tuple:
-    return q.bits, q.group_size, q.per_channel, q.dim
 
 
 def dequant_rope(q: QuantizedTensor, positions: torch.Tensor | None = None,

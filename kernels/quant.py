@@ -38,6 +38,11 @@ class QuantizedTensor:
     def n(self) -> int:
         return self.packed.shape[0]
 
+    @property
+    def layout(self) -> tuple:
+        """(bits, group size, per channel, D): tensors alike in it dequantize together."""
+        return self.bits, self.group_size, self.per_channel, self.dim
+
     def to(self, device) -> "QuantizedTensor":
         return replace(self, packed=self.packed.to(device), scale=self.scale.to(device),
                        zero=self.zero.to(device))

@@ -283,9 +283,7 @@ def _converted(layout, batch: list[Piece], device) -> torch.Tensor:
 
 
 def _layout(piece: Piece):
-    if isinstance(piece, QuantizedTensor):
-        return (piece.bits, piece.group_size, piece.per_channel, piece.dim)
-    return piece.dtype
+    return piece.layout if isinstance(piece, QuantizedTensor) else piece.dtype
 
 
 
