@@ -233,6 +233,14 @@ def _check_codecs(ctx, param, values: tuple[str, ...]) -> list[str]:
     return specs
 
 
+def _check_base_codec(ctx, param, value: str) -> str:
+    """One codec spec (or '' for none), refused before any model loads."""
+    if not value:
+        return ""
+    spec, = _check_codecs(ctx, param, (value,))
+    return spec
+
+
 @click.group("bench")
 def bench():
     """Benchmark: method × budget grids, tables and plots."""
@@ -294,8 +302,12 @@ def bench():
               "one context's questions; reuse cells: successive items'). Their TTFTs then "
               "include each other's prefills: rows record it, and a cell's time ratios "
               "against a ceiling asked otherwise are left out")
+@click.option("--kb-base-codec", default="", callback=_check_base_codec,
+              help="hotpot-kb: upload the KB once in this codec (e.g. fp16) and make each "
+              "--codec a variant of it by a batch job (method none), as `kvctl job submit` "
+              "does: one ingest for every codec [default: an upload per codec]")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
-            concurrent, **overrides):
+            concurrent, kb_base_codec, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
     a later run into the same OUT pays only for the methods it adds; an unfinished cell's
@@ -313,7 +325,8 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   concurrent=concurrent, ceilings=out / "ceilings.jsonl",
+                   concurrent=concurrent, kb_base_codec=kb_base_codec,
+                   ceilings=out / "ceilings.jsonl",
                    partial=out / "partial.jsonl", services=out / "services")
     try:
         rows = run_grid(p, results, runner.run, codecs=codecs,

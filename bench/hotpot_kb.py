@@ -12,11 +12,22 @@ the call, retrieval and pack loads included), as a user of `kvedge serve` sees i
 The gateway's data and the edge's state live under `services/<model fingerprint>/` and are
 kept: a later run over the same questions, segment size, codec and anchoring finds the KB
 ready under the same name and skips the upload (a Qwen prefill of ~400 paragraphs takes
-~12 min on 2 cores). `kvedge.bench.suites.Bench` runs the cells; its ceiling store keeps
-recompute's answers by the retrieved segments' text and the question.
+~12 min on 2 cores).
+
+With a base codec (`kvctl bench run --kb-base-codec fp16`), the KB is uploaded once in that
+codec and each cell's codec is a variant of it, made as `kvctl job submit --method none
+--codec C` makes one: the gateway's job re-encodes every base pack, no prefill, and the edge
+syncs and asks `KB@none-1-C`. Decision: a codec comparison then costs one ingest instead of one
+per codec (~90 min each for Qwen over 300 questions' paragraphs), and every codec codes the
+same fp16 KV — which differs from coding the fp32 prefill directly by fp16's rounding (relative
+error ~2e-4, two orders below int8's), so a variant stands for a direct upload in that codec.
+
+`kvedge.bench.suites.Bench` runs the cells; its ceiling store keeps recompute's answers by the
+retrieved segments' text and the question.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import tempfile
@@ -53,7 +64,7 @@ class Services:
         """The KB `name` of `files` (path → text) ready in the cloud — uploaded and ingested
         unless the gateway already holds it ready — and synced whole to the edge: its
         Target."""
-        from kvedge.edge.sync import Syncer, Target
+        from kvedge.edge.sync import Target
 
         if not self._ready(name):
             with tempfile.TemporaryDirectory(prefix="kvedge-hotpot-kb-") as folder:
@@ -62,16 +73,38 @@ class Services:
                 self.cloud.upload(folder, NAMESPACE, name, codec=codec)
                 echo(f"{NAMESPACE}/{name}: ingesting {len(files)} paragraphs")
                 self.cloud.wait_ready(NAMESPACE, name, progress=_ingest_progress(echo))
-        target = Target(NAMESPACE, name)
+        return self._synced(Target(NAMESPACE, name))
+
+    def derive(self, name: str, codec: str, echo=print):
+        """The variant of the ready KB `name` in `codec` — made by a batch job that keeps
+        every pair (method `none`) unless the gateway holds it already — synced whole to the
+        edge: its Target."""
+        from kvedge.cloud.catalog import variant_name
+        from kvedge.edge.sync import Target
+
+        variant = variant_name("none", 1.0, codec)
+        if not self._ready(name, variant):
+            job = self.cloud.submit_job(NAMESPACE, [name], "none", 1.0, codec)
+            echo(f"{NAMESPACE}/{name}@{job.variant}: job {job.job_id}, {job.total} packs")
+            for job in self.cloud.watch_job(NAMESPACE, job.job_id):
+                pass
+            if job.status != "done":
+                raise RuntimeError(f"job {job.job_id} making {name}@{variant} ended "
+                                   f"{job.status}: {[f.error for f in job.failures][:3]}")
+        return self._synced(Target(NAMESPACE, name, variant))
+
+    def _synced(self, target):
+        from kvedge.edge.sync import Syncer
+
         Syncer(self.cloud, self.cache, self.root / "edge", [target], self.loaded.tokenizer.decode,
                fetcher=self.fetcher).sync_once()
         return target
 
-    def _ready(self, name: str) -> bool:
+    def _ready(self, name: str, variant: str = "") -> bool:
         from kvedge.common.errors import NotFound
 
         try:
-            return self.cloud.get_kb(NAMESPACE, name).status == "ready"
+            return self.cloud.get_kb(NAMESPACE, name, variant).status == "ready"
         except NotFound:
             return False
 
@@ -93,7 +126,8 @@ def _ingest_progress(echo, every_s: float = 30.0):
 
 
 class HotpotKB:
-    """One run's KB (the paragraphs of its first `n_items` questions) on `services`."""
+    """One run's KB (the paragraphs of its first `n_items` questions) on `services`, asked
+    as its `target` (the KB, or one of its variants: `variant`)."""
 
     def __init__(self, services: Services, n_items: int, seed: int, codec: str, settings: dict,
                  echo=print):
@@ -104,6 +138,12 @@ class HotpotKB:
         self.titles = {path: title for path, (title, _) in zip(self.files, paragraphs)}
         self.name = kb_name(n_items, seed, self.files, {"codec": codec, **settings})
         self.target = services.publish(self.name, self.files, codec, echo)
+
+    def variant(self, codec: str, echo=print) -> "HotpotKB":
+        """This KB asked through its variant in `codec` (`Services.derive`)."""
+        out = copy.copy(self)
+        out.target = self.services.derive(self.name, codec, echo)
+        return out
 
     def items(self, top_k: int, new_tokens) -> list[QAItem]:
         """One item per question: its documents the texts of the segments the edge retrieves
@@ -143,20 +183,28 @@ class KBs:
     services under `root/<model fingerprint>` started by the first (none for a run without
     hotpot-kb cells)."""
 
-    def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool):
+    def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool,
+                 base_codec: str = ""):
         self.root, self.model, self.loaded = Path(root), model, loaded
         self.settings = {"segment_tokens": segment_tokens, "anchored": anchored}
+        self.base_codec = base_codec  # '': each codec uploaded; else variants of this upload
         self._services: Services | None = None
         self._kbs: dict[tuple[int, int, str], HotpotKB] = {}
 
     def get(self, n_items: int, seed: int, codec: str) -> HotpotKB:
         if (n_items, seed, codec) not in self._kbs:
-            if self._services is None:
-                self._services = Services(self.root / self.loaded.fingerprint[:16], self.model,
-                                          self.loaded, **self.settings)
-            self._kbs[n_items, seed, codec] = HotpotKB(self._services, n_items, seed, codec,
-                                                       self.settings)
+            if self.base_codec and codec != self.base_codec:
+                kb = self.get(n_items, seed, self.base_codec).variant(codec)
+            else:
+                kb = HotpotKB(self._started(), n_items, seed, codec, self.settings)
+            self._kbs[n_items, seed, codec] = kb
         return self._kbs[n_items, seed, codec]
+
+    def _started(self) -> Services:
+        if self._services is None:
+            self._services = Services(self.root / self.loaded.fingerprint[:16], self.model,
+                                      self.loaded, **self.settings)
+        return self._services
 
     def close(self) -> None:
         if self._services is not None:

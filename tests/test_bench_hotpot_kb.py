@@ -80,3 +80,39 @@ def test_hotpot_kb_asks_through_the_services_and_a_rerun_pays_only_for_the_new_s
     assert ("### hotpot-kb @ top-4 of the KB, 3 items (seed 0); recompute's answers of 3 "
             "questions read from an earlier run") in report
     assert "| legolink |" in report
+
+
+def test_codecs_as_variants_of_one_upload(fake_data, tmp_path):
+    """--kb-base-codec: one ingest in fp16, each codec a variant made by a batch job (method
+    none) that the edge syncs and answers from, recompute's ceiling measured once; a rerun
+    finds the variants ready."""
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    out = tmp_path / "out"
+
+    def run():
+        done = CliRunner().invoke(bench, [
+            "run", "--suite", "reuse", "--tasks", "hotpot-kb", "--lengths", "4", "--items", "2",
+            "--strategies", "epic", "--codec", "fp16,int8+zstd,kivi+zstd",
+            "--kb-base-codec", "fp16", "--model", "tiny-llama", "--max-new-tokens", "3",
+            "--breakdown", "", "--out", str(out)])
+        assert done.exit_code == 0, done.output
+        return load(out / "results.jsonl"), done.output
+
+    rows, said = run()
+    assert said.count("paragraphs") == 1, said  # "ingesting N paragraphs": fp16 only
+    assert "@none-1-int8+zstd: job" in said and "@none-1-kivi+zstd: job" in said
+    shipped = {r["codec"]: r["shipped_bytes"] for r in rows if r["method"] == "epic"}
+    assert set(shipped) == {"fp16", "int8+zstd", "kivi+zstd"}
+    # the edge read each variant's own packs: int8 about half of fp16, kivi less again
+    assert shipped["kivi+zstd"] < shipped["int8+zstd"] < 0.7 * shipped["fp16"]
+    # recompute reads no pack's KV: its answers, measured once on the base, judge every codec
+    assert len((out / "ceilings.jsonl").read_text().splitlines()) == 2
+
+    (out / "results.jsonl").unlink()  # run the cells again: nothing is ingested or re-encoded
+    rows, said = run()
+    assert "ingesting" not in said and ": job" not in said
+    assert len([r for r in rows if r["method"] == "epic"]) == 3
