@@ -44,6 +44,12 @@ CREATE TABLE IF NOT EXISTS segments (
     n_tokens INTEGER NOT NULL, source TEXT NOT NULL,
     PRIMARY KEY (kb_id, variant, idx));
 CREATE INDEX IF NOT EXISTS segments_by_pack ON segments(pack_id);
+CREATE TABLE IF NOT EXISTS prefilled (
+    kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE, key TEXT NOT NULL,
+    pack_id TEXT NOT NULL, pack_bytes INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
+    PRIMARY KEY (kb_id, key));
+CREATE INDEX IF NOT EXISTS prefilled_by_key ON prefilled(key);
+CREATE INDEX IF NOT EXISTS prefilled_by_pack ON prefilled(pack_id);
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, namespace TEXT NOT NULL, kbs TEXT NOT NULL, method TEXT NOT NULL,
     budget REAL NOT NULL, codec TEXT NOT NULL, status TEXT NOT NULL, done INTEGER NOT NULL,
@@ -77,6 +83,15 @@ class SegmentRecord:
     pack_bytes: int
     n_tokens: int
     source: str
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A pack an ingest stored for one segment's prefill key (`Catalog.remember`)."""
+
+    pack_id: str
+    pack_bytes: int
+    n_tokens: int
 
 
 @dataclass
@@ -215,6 +230,26 @@ class Catalog:
                    "total=excluded.total, updated=excluded.updated",
                    (kb, variant, status, error, done, total, now))
 
+    def remember(self, namespace: str, name: str, key: str, pack: "Prefilled") -> None:
+        """Record that an ingest of the KB stored `pack` for the segment whose prefill key
+        (`kvedge.cloud.ingest.prefill_key`) is `key`: the pack stays in the store, referenced,
+        until the KB's next publish leaves it out or the KB is removed — so an ingest cut off
+        resumes, and a re-upload prefills only the segments that changed."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO prefilled VALUES (?,?,?,?,?)",
+                       (self._kb_id(db, namespace, name), key, pack.pack_id, pack.pack_bytes,
+                        pack.n_tokens))
+
+    def prefilled(self, namespace: str, key: str) -> "Prefilled | None":
+        """A pack some KB of `namespace` holds for the prefill key, or None (never another
+        namespace's: a tenant's packs are not another's to reuse)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT p.pack_id, p.pack_bytes, p.n_tokens FROM prefilled p JOIN kbs k ON "
+                "k.id = p.kb_id WHERE p.key=? AND k.namespace=? LIMIT 1",
+                (key, namespace)).fetchone()
+        return Prefilled(*row) if row else None
+
     def publish(self, namespace: str, name: str, variant: str,
                 segments: list[SegmentRecord], *, model_fingerprint: str,
                 kv_shape: KVShape = UNKNOWN_SHAPE) -> list[str]:
@@ -229,7 +264,12 @@ class Catalog:
             db.executemany("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
                            [(kb, variant, s.idx, s.pack_id, s.pack_bytes, s.n_tokens, s.source)
                             for s in segments])
-            if variant == BASE:
+            if variant == BASE:  # what the KB's earlier ingests stored and it no longer uses
+                old |= {r[0] for r in db.execute(
+                    "SELECT pack_id FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT "
+                    "pack_id FROM segments WHERE kb_id=? AND variant=?)", (kb, kb, BASE))}
+                db.execute("DELETE FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT "
+                           "pack_id FROM segments WHERE kb_id=? AND variant=?)", (kb, kb, BASE))
                 db.execute("UPDATE kbs SET model_fingerprint=?, n_tokens=?, updated=?, "
                            "n_layers=?, n_kv_heads=?, head_dim=? WHERE id=?",
                            (model_fingerprint, sum(s.n_tokens for s in segments), time.time(),
@@ -242,14 +282,22 @@ class Catalog:
         """Delete a KB; returns its pack ids that nothing else references."""
         with self._tx() as db:
             kb = self._kb_id(db, namespace, name)
-            packs = {r[0] for r in db.execute("SELECT pack_id FROM segments WHERE kb_id=?", (kb,))}
+            packs = {r[0] for r in db.execute("SELECT pack_id FROM segments WHERE kb_id=? "
+                                              "UNION SELECT pack_id FROM prefilled WHERE "
+                                              "kb_id=?", (kb, kb))}
             db.execute("DELETE FROM kbs WHERE id=?", (kb,))
             return self._orphans(db, packs)
+
+    def referenced(self, pack_id: str) -> bool:
+        """Whether a segment or an ingest's record (`remember`) still references the pack."""
+        with self._lock:
+            return not self._orphans(self._db, {pack_id})
 
     @staticmethod
     def _orphans(db, packs) -> list[str]:
         return sorted(p for p in packs if db.execute(
-            "SELECT 1 FROM segments WHERE pack_id=? LIMIT 1", (p,)).fetchone() is None)
+            "SELECT 1 FROM segments WHERE pack_id=? UNION ALL SELECT 1 FROM prefilled WHERE "
+            "pack_id=? LIMIT 1", (p, p)).fetchone() is None)
 
     # ------------------------------------------------------------------ reads
 
@@ -377,14 +425,15 @@ class Catalog:
                                job.variant, job.namespace, kb))
 
     def sweep_packs(self, sweep: Callable[[set[str]], list[str]]) -> list[str] | None:
-        """Run `sweep(every pack id a segment references)` if no job is active, holding the
-        write lock meanwhile so no process can start one (a job writes packs only while its
-        record says it is active); returns what `sweep` returned, or None if it did not run.
+        """Run `sweep(every pack id a segment or an ingest's record references)` if no job is
+        active, holding the write lock meanwhile so no process can start one (a job writes
+        packs only while its record says it is active); returns what `sweep` returned, or None if it did not run.
         Ingests write packs too: the caller (a gateway, before it serves) runs none."""
         with self._tx() as db:
             if db.execute(f"SELECT 1 FROM jobs WHERE status IN {ACTIVE} LIMIT 1").fetchone():
                 return None
-            return sweep({r[0] for r in db.execute("SELECT DISTINCT pack_id FROM segments")})
+            return sweep({r[0] for r in db.execute("SELECT pack_id FROM segments UNION "
+                                                   "SELECT pack_id FROM prefilled")})
 
     def close(self) -> None:
         self._db.close()

@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvedge.cloud.catalog import BASE, Catalog, SegmentRecord
-from kvedge.cloud.ingest import paragraphs
+from kvedge.cloud.catalog import BASE, Catalog, Prefilled, SegmentRecord
+from kvedge.cloud.ingest import paragraphs, prefill_key
 from kvedge.cloud.jobs import JobRunner
 from kvedge.cloud.jobs_service import JobsService
 from kvedge.cloud.staging import Staging
@@ -65,7 +65,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         self.catalog = Catalog(config.data_dir / "catalog.sqlite")
         self.catalog.fail_interrupted_ingests("interrupted: the gateway stopped during the "
                                               "ingest; upload again (files already sent are "
-                                              "not sent again)")
+                                              "not sent again, segments already prefilled "
+                                              "are not prefilled again)")
         self.store = PackStore(config.store_url)
         self.staging = Staging(config.data_dir / "staging")
         self.tokens = TokenStore(config.data_dir / "tokens.json")
@@ -74,6 +75,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         self._ingests: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
         self.bytes_served = 0  # by FetchPack, since start (cloud.metrics reports it)
+        self.segments_prefilled = 0  # by ingests since start, and those whose pack was held
+        self.segments_reused = 0     # already (an ingest resumed, a file unchanged)
         self._clean_up_after_a_stop()
 
     def _clean_up_after_a_stop(self) -> None:
@@ -194,13 +197,23 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         try:
             identity = self.pool.identity()
             segments = self.pool.segment(texts, seg_tokens, whole)
-            self.catalog.set_progress(ns, name, BASE, "ingesting", total=len(segments))
-            rows = []
-            encoded = self.pool.encode_all(segments, ns, codec, anchored=self.config.anchored)
-            for done, enc in enumerate(encoded, 1):
+            keys = {s.index: prefill_key(identity, ns, codec, self.config.anchored, s.token_ids)
+                    for s in segments}
+            rows, todo = self._held(ns, segments, keys)
+            self.segments_reused += len(rows)
+            if rows:
+                log.info("ingest of %s/%s: %d of %d segments already prefilled", ns, name,
+                         len(rows), len(segments))
+            self.catalog.set_progress(ns, name, BASE, "ingesting", done=len(rows),
+                                      total=len(segments))
+            encoded = self.pool.encode_all(todo, ns, codec, anchored=self.config.anchored)
+            for done, enc in enumerate(encoded, len(rows) + 1):
                 install_transforms(enc)
                 self.store.put(enc.pack_id, enc.data)
                 stored.append(enc.pack_id)
+                self.catalog.remember(ns, name, keys[enc.index],
+                                      Prefilled(enc.pack_id, len(enc.data), enc.n_tokens))
+                self.segments_prefilled += 1
                 src = segments[enc.index].source
                 rows.append(SegmentRecord(enc.index, enc.pack_id, len(enc.data), enc.n_tokens,
                                           src))
@@ -214,8 +227,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             log.info("ingested %s/%s: %d segments", ns, name, len(rows))
         except Exception as err:  # noqa: BLE001 - recorded for the user, packs cleaned up
             log.exception("ingest of %s/%s failed", ns, name)
-            for pack in stored:
-                if not self.catalog.pack_namespaces(pack):
+            for pack in stored:  # those `remember`ed stay, for the upload that retries it
+                if not self.catalog.referenced(pack):
                     self.store.delete(pack)
             err = getattr(err, "cause", None) or err  # a worker's own error, not Ray's wrapper
             try:
@@ -223,6 +236,19 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                                           error=f"{type(err).__name__}: {err}")
             except NotFound:
                 pass
+
+    def _held(self, ns, segments, keys) -> tuple[list[SegmentRecord], list]:
+        """The segments whose pack the namespace holds already (`Catalog.prefilled`, the pack
+        still in the store) as records, and the others, to prefill."""
+        held, todo = [], []
+        for seg in segments:
+            pack = self.catalog.prefilled(ns, keys[seg.index])
+            if pack is not None and self.store.exists(pack.pack_id):
+                held.append(SegmentRecord(seg.index, pack.pack_id, pack.pack_bytes,
+                                          pack.n_tokens, seg.source))
+            else:
+                todo.append(seg)
+        return held, todo
 
     def ingesting(self) -> list[tuple[str, str]]:
         """The KBs being ingested now, as (namespace, name)."""

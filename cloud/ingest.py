@@ -8,9 +8,12 @@ into a well-formed prompt with no glue tokens between them.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from kvedge.common.errors import BadInput
+from kvedge.common.pack.manifest import FORMAT_VERSION
 
 SEPARATOR = "\n\n"
 
@@ -23,6 +26,23 @@ class TextSegment:
     source: str           # the file it came from
     text: str
     token_ids: list[int]
+
+
+def prefill_key(identity: dict, namespace: str, codec: str, anchored: bool,
+                token_ids: list[int]) -> str:
+    """What a segment's pack is a function of — the model and tokenizer (`identity`, the
+    prefill pool's), the namespace the pack records, the codec spec, whether it was prefilled
+    behind the chat prefix, and its tokens — hashed: two segments with one key get the same
+    pack, so an ingest reuses a pack its namespace already holds for that key
+    (`Catalog.prefilled`) instead of prefilling again. The segment's file and index are not in
+    it: a pack does not record them."""
+    text = json.dumps([PREFILL_KEY_VERSION, FORMAT_VERSION, identity["fingerprint"],
+                       identity["tokenizer_id"], namespace, codec, bool(anchored),
+                       list(token_ids)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+PREFILL_KEY_VERSION = 1  # raise when what a pack holds changes without its format version
 
 
 def paragraphs(text: str) -> list[str]:

@@ -23,6 +23,11 @@ class GatewayMetrics:
     def collect(self):
         yield CounterMetricFamily("kvedge_gateway_pack_bytes_served", "pack bytes sent by "
                                   "FetchPack", value=self.gateway.bytes_served)
+        yield CounterMetricFamily("kvedge_gateway_segments_prefilled", "segments ingests "
+                                  "prefilled", value=self.gateway.segments_prefilled)
+        yield CounterMetricFamily("kvedge_gateway_segments_reused", "segments ingests found "
+                                  "prefilled already (an ingest resumed, a file unchanged)",
+                                  value=self.gateway.segments_reused)
         yield from self.ingests()
         yield from self.jobs()
 

@@ -263,3 +263,23 @@ def test_a_catalog_that_stored_fp16_sizes_reads_and_takes_new_segments(tmp_path)
         assert cat.get("ns", "kb").kv_shape == (2, 1, 8)
     finally:
         cat.close()
+
+
+def test_packs_an_ingest_remembers_stay_referenced_until_publish_leaves_them_out(cat):
+    from kvedge.cloud.catalog import Prefilled
+
+    ingest(cat, "ns", "kb")
+    for key, n in (("k0", 10), ("k1", 11), ("stale", 12)):
+        cat.remember("ns", "kb", key, Prefilled(pid(n), 1000 + n, 100))
+    assert cat.prefilled("ns", "k1") == Prefilled(pid(11), 1011, 100)
+    assert cat.prefilled("other", "k1") is None  # never another namespace's pack
+    assert cat.referenced(pid(12))  # the ingest stopped here: its packs are kept for a retry
+    assert pid(12) in cat.sweep_packs(lambda keep: sorted(keep))
+    orphans = cat.publish("ns", "kb", BASE, [seg(0, 10), seg(1, 11)], model_fingerprint=FP)
+    assert orphans == [pid(12)]  # stored by an earlier attempt, not used by the KB now
+    assert cat.prefilled("ns", "stale") is None and not cat.referenced(pid(12))
+    assert cat.prefilled("ns", "k0") == Prefilled(pid(10), 1010, 100)  # for the next upload
+    ingest(cat, "ns", "kb2")
+    cat.remember("ns", "kb2", "k9", Prefilled(pid(19), 1019, 5))
+    assert cat.remove("ns", "kb2") == [pid(19)]  # removing a KB frees what it remembered
+    assert cat.remove("ns", "kb") == [pid(10), pid(11)]

@@ -1,0 +1,86 @@
+"""An ingest reuses the packs its namespace already holds for a segment: a re-upload after an
+edit prefills only the segments that changed, and an ingest cut off resumes where it stopped —
+on a real gateway (tiny model, its real Ray pool) over real files."""
+import pytest
+
+from daemons import in_process_gateway
+from kvedge.common.net.cloud_client import CloudClient
+
+MODEL = "tiny-llama"
+DOCS = {f"d{i}.md": " ".join(f"Document {i}, line {j}, tells of river {100 * i + j}."
+                             for j in range(12)) for i in range(4)}
+
+
+def write(folder, docs: dict[str, str]):
+    folder.mkdir()
+    for name, text in docs.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory):
+    server, gateway, address, token = in_process_gateway(tmp_path_factory.mktemp("cloud"),
+                                                         MODEL, 48)
+    with CloudClient(address, token) as client:
+        yield client, gateway
+    server.stop(0)
+
+
+def counts(gateway) -> tuple[int, int]:
+    return gateway.segments_prefilled, gateway.segments_reused
+
+
+def ingest(client, folder, namespace: str, kb: str):
+    client.upload(folder, namespace, kb)
+    return client.wait_ready(namespace, kb, timeout=120)
+
+
+def test_a_reupload_prefills_only_the_segments_that_changed(cloud, tmp_path):
+    client, gateway = cloud
+    prefilled, reused = counts(gateway)
+    first = ingest(client, write(tmp_path / "v1", DOCS), "default", "edited")
+    n = len(first.segments)
+    assert n > len(DOCS) and counts(gateway) == (prefilled + n, reused)
+
+    edited = {**DOCS, "d2.md": " ".join(f"Line {j} of document two: mountain {j}."
+                                        for j in range(12))}
+    second = ingest(client, write(tmp_path / "v2", edited), "default", "edited")
+    old = {s.source: s.pack_id for s in first.segments if s.source != "d2.md"}
+    kept = [s for s in second.segments if s.source != "d2.md"]
+    fresh = [s for s in second.segments if s.source == "d2.md"]
+    assert counts(gateway) == (prefilled + n + len(fresh), reused + len(kept))
+    assert {s.source: s.pack_id for s in kept} == old  # the same packs, not prefilled again
+    gone = {s.pack_id for s in first.segments if s.source == "d2.md"} - {
+        s.pack_id for s in second.segments}  # (a file's last few tokens may be another's)
+    assert gone and not any(gateway.store.exists(p) for p in gone)  # the old d2's packs
+
+    ingest(client, write(tmp_path / "v3", DOCS), "other", "edited")  # another tenant
+    assert counts(gateway)[1] == reused + len(kept)  # never reuses a namespace's packs
+
+
+def test_an_ingest_cut_off_resumes_where_it_stopped(cloud, tmp_path, monkeypatch):
+    client, gateway = cloud
+    real = gateway.pool.encode_all
+
+    def cut_off(segments, *args, **kw):  # the worker dies after two segments
+        for i, enc in enumerate(real(segments, *args, **kw)):
+            if i == 2:
+                raise RuntimeError("prefill actor lost")
+            yield enc
+
+    monkeypatch.setattr(gateway.pool, "encode_all", cut_off)
+    folder = write(tmp_path / "kb", {k: v.replace("river", "canal") for k, v in DOCS.items()})
+    client.upload(folder, "default", "cut")
+    with pytest.raises(Exception, match="prefill actor lost"):
+        client.wait_ready("default", "cut", timeout=120)
+    monkeypatch.setattr(gateway.pool, "encode_all", real)
+
+    prefilled, reused = counts(gateway)
+    info = ingest(client, folder, "default", "cut")  # the user uploads again
+    now_prefilled, now_reused = counts(gateway)
+    # the two packs stored before the cut are not prefilled again (nor a segment elsewhere
+    # in the KB with the same tokens, e.g. a file's last few)
+    assert now_reused - reused >= 2 and now_prefilled > prefilled
+    assert now_prefilled - prefilled + now_reused - reused == len(info.segments)
+    assert all(gateway.store.exists(s.pack_id) for s in info.segments)
