@@ -45,7 +45,8 @@ class Services:
     (kept across runs): `publish` a KB, then ask it through `engine` as `kvedge serve`
     would."""
 
-    def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool):
+    def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool,
+                 actors: int = 1):
         from kvedge.cloud.gateway import GatewayConfig, serve_local
         from kvedge.common.net.cloud_client import CloudClient
         from kvedge.edge.engine import EdgeEngine
@@ -54,7 +55,8 @@ class Services:
 
         self.root, self.loaded = Path(root), loaded
         self.server, _, address, token = serve_local(GatewayConfig(
-            self.root / "cloud", model=model, segment_tokens=segment_tokens, anchored=anchored))
+            self.root / "cloud", model=model, segment_tokens=segment_tokens, anchored=anchored,
+            actors=actors))
         self.cloud = CloudClient(address, token)
         self.cache = PackCache(self.root / "edge" / "packs", loaded.fingerprint)
         self.fetcher = Fetcher(self.cloud, self.cache)
@@ -184,9 +186,10 @@ class KBs:
     hotpot-kb cells)."""
 
     def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool,
-                 base_codec: str = ""):
+                 base_codec: str = "", actors: int = 1):
         self.root, self.model, self.loaded = Path(root), model, loaded
         self.settings = {"segment_tokens": segment_tokens, "anchored": anchored}
+        self.actors = actors  # the gateway's prefill actors (one thread each)
         self.base_codec = base_codec  # '': each codec uploaded; else variants of this upload
         self._services: Services | None = None
         self._kbs: dict[tuple[int, int, str], HotpotKB] = {}
@@ -203,7 +206,7 @@ class KBs:
     def _started(self) -> Services:
         if self._services is None:
             self._services = Services(self.root / self.loaded.fingerprint[:16], self.model,
-                                      self.loaded, **self.settings)
+                                      self.loaded, **self.settings, actors=self.actors)
         return self._services
 
     def close(self) -> None:
