@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class CeilingStore:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self._rows = self._read()
+        self._lock = threading.Lock()  # hotpot-kb measures items from several threads
 
     def _read(self) -> dict[str, list[dict]]:
         if not self.path.exists():
@@ -55,7 +57,7 @@ class CeilingStore:
 
     def put(self, key: str, item_key: str, rows: list[dict]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "ab") as f:
+        with self._lock, open(self.path, "ab") as f:
             torn = f.tell() and _last_byte(self.path) != b"\n"  # a crash cut the last line
             line = json.dumps({"key": key, "item": item_key, "rows": rows}) + "\n"
             f.write((b"\n" if torn else b"") + line.encode())

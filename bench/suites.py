@@ -31,6 +31,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -176,7 +177,8 @@ class Bench:
             self._partial.discard(self._partial_key(cell, i) for i in items)
         return row
 
-    def _by_item(self, cell: Cell, items: list[QAItem], measure, submit=None) -> list[dict]:
+    def _by_item(self, cell: Cell, items: list[QAItem], measure, submit=None,
+                 threads: bool = False) -> list[dict]:
         """`measure(item)`'s rows for every item; with a partial store each item's rows are
         kept as measured and read back (marked `resumed`, their timings from the process
         that made them) when an earlier run of the cell stopped after them.
@@ -184,9 +186,13 @@ class Bench:
         With `concurrent` > 1 and `submit(item)` (the item's questions queued in the
         engine's scheduler: a list of `_submit`'s tuples with what each row adds), the
         questions of successive items are kept in flight up to `concurrent` at once, the
-        oldest item read back first: the scheduler decodes them together."""
+        oldest item read back first: the scheduler decodes them together. Without `submit`,
+        `threads` runs `measure` for up to `concurrent` items at once on threads (hotpot-kb:
+        each a call of `EdgeEngine.ask`, whose asks the scheduler decodes together)."""
         rows_of: dict[int, list[dict]] = {}
-        in_flight: deque = deque()  # (item index, partial key, [(submitted, extra)])
+        in_flight: deque = deque()  # (item index, partial key, questions, its rows: a call)
+        pool = (ThreadPoolExecutor(self.concurrent) if threads and submit is None
+                and self.concurrent > 1 else None)
 
         def keep(i: int, key, rows: list[dict]) -> None:
             if key:
@@ -194,22 +200,32 @@ class Bench:
             rows_of[i] = rows
 
         def read_oldest() -> None:
-            i, key, jobs = in_flight.popleft()
-            keep(i, key, [{**self._scored(job), **extra} for job, extra in jobs])
+            i, key, _, rows = in_flight.popleft()
+            keep(i, key, rows())
 
-        for i, item in enumerate(items):
-            key = self._partial_key(cell, item) if self._partial is not None else None
-            rows = self._partial.get(key) if key else None
-            if rows is not None:
-                rows_of[i] = [{**row, "resumed": True} for row in rows]
-            elif submit is None or self.concurrent == 1:
-                keep(i, key, measure(item))
-            else:
-                in_flight.append((i, key, submit(item)))
-                while sum(len(jobs) for *_, jobs in in_flight) >= self.concurrent:
-                    read_oldest()
-        while in_flight:
-            read_oldest()
+        def queued(item: QAItem):
+            if pool is not None:
+                return len(item.questions), pool.submit(measure, item).result
+            jobs = submit(item)
+            return len(jobs), lambda: [{**self._scored(job), **extra} for job, extra in jobs]
+
+        try:
+            for i, item in enumerate(items):
+                key = self._partial_key(cell, item) if self._partial is not None else None
+                rows = self._partial.get(key) if key else None
+                if rows is not None:
+                    rows_of[i] = [{**row, "resumed": True} for row in rows]
+                elif pool is None and (submit is None or self.concurrent == 1):
+                    keep(i, key, measure(item))
+                else:
+                    in_flight.append((i, key, *queued(item)))
+                    while sum(n for _, _, n, _ in in_flight) >= self.concurrent:
+                        read_oldest()
+            while in_flight:
+                read_oldest()
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
         return [row for i in range(len(items)) for row in rows_of[i]]
 
     def _partial_key(self, cell: Cell, item: QAItem) -> str:
@@ -225,7 +241,7 @@ class Bench:
         return cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
 
     def _run(self, cell: Cell, items: list[QAItem]) -> dict:
-        ceilings = [o for item in items for o in self._ceiling(item, self._ceiling_cell(cell))]
+        ceilings = self._ceilings_of(cell, items)
         if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
             return summarize(ceilings, ceilings)  # the ceiling is its own cell
         if cell.method.startswith(KVPRESS):
@@ -234,8 +250,8 @@ class Bench:
         if cell.task == HOTPOT_KB:
             options = strategy_options(cell)
             return summarize(self._by_item(
-                cell, items, lambda i: self._kb_answers(cell, [i], cell.method, options)),
-                ceilings)
+                cell, items, lambda i: self._kb_answers(cell, [i], cell.method, options),
+                threads=True), ceilings)
         if cell.suite == "reuse":
             strategy = reuse_strategy(cell)
             outcomes = self._by_item(
@@ -246,6 +262,16 @@ class Bench:
             outcomes = self._by_item(
                 cell, items, lambda i: self._evict(i, cell.method, cell.budget, cell.codec))
         return summarize(outcomes, ceilings)
+
+    def _ceilings_of(self, cell: Cell, items: list[QAItem]) -> list[dict]:
+        """The ceiling rows of every item: hotpot-kb's measured `concurrent` at a time on
+        threads (each an ask of the edge, decoded together by its scheduler)."""
+        judge = self._ceiling_cell(cell)
+        if cell.task != HOTPOT_KB or self.concurrent == 1:
+            return [o for item in items for o in self._ceiling(item, judge)]
+        with ThreadPoolExecutor(self.concurrent) as pool:
+            return [o for rows in pool.map(lambda i: self._ceiling(i, judge), items)
+                    for o in rows]
 
     def _ceiling_cell(self, cell: Cell) -> Cell:
         """The cell whose ceiling `cell` is judged against: itself, except a hotpot-kb cell
@@ -298,7 +324,7 @@ class Bench:
     def _concurrency(self, cell: Cell) -> dict:
         """What rows record of concurrent asks (nothing when one at a time, so earlier
         ceilings keep their keys)."""
-        return self._in_flight() if cell.suite == "evict" else {}
+        return self._in_flight() if cell.suite == "evict" or cell.task == HOTPOT_KB else {}
 
     def _in_flight(self) -> dict:
         """What a row asked concurrently records (nothing when one at a time)."""
@@ -339,7 +365,8 @@ class Bench:
         for item in items:
             q, = item.questions
             budget = self.new_tokens(q)
-            out.append(scored(kb.ask(item, strategy, options, budget), q, budget))
+            out.append({**scored(kb.ask(item, strategy, options, budget), q, budget),
+                        **self._in_flight()})
         return out
 
     def close(self) -> None:

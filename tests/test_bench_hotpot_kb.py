@@ -116,3 +116,29 @@ def test_codecs_as_variants_of_one_upload(fake_data, tmp_path):
     rows, said = run()
     assert "ingesting" not in said and ": job" not in said
     assert len([r for r in rows if r["method"] == "epic"]) == 3
+
+
+def test_concurrent_asks_give_the_answers_asked_one_at_a_time(fake_data, tmp_path):
+    """--concurrent on hotpot-kb: the questions are asked from threads, decoded together by
+    the edge's scheduler (batch-invariant steps), so the answers are the serial ones."""
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    def run(out, *extra):
+        done = CliRunner().invoke(bench, [
+            "run", "--suite", "reuse", "--tasks", "hotpot-kb", "--lengths", "4", "--items", "4",
+            "--strategies", "recompute,epic", "--model", "tiny-llama", "--max-new-tokens", "4",
+            "--breakdown", "", "--out", str(out), *extra])
+        assert done.exit_code == 0, done.output
+        return {r["method"]: r for r in load(out / "results.jsonl")}
+
+    services = ["--ingest-actors", "1"]
+    alone = run(tmp_path / "alone", *services)
+    together = run(tmp_path / "together", "--concurrent", "3", *services)
+    for method in ("recompute", "epic"):
+        assert together[method]["answers"] == alone[method]["answers"]
+        assert together[method]["questions"] == 4
+    rows = [json.loads(line) for line in (tmp_path / "together" / "ceilings.jsonl").open()]
+    assert all(r["concurrent"] == 3 for entry in rows for r in entry["rows"])
