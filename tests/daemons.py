@@ -129,6 +129,14 @@ class EdgeProcess(Daemon):
         return (self.state / "edge.token").read_text().strip()
 
 
+def write_kb(folder: Path, docs: dict[str, str]) -> Path:
+    """A KB folder on disk: each path of `docs` (subfolders made) holding its text."""
+    for name, text in docs.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
 def in_process_gateway(data: Path, model: str, segment_tokens: int, **serve_kw):
     """`kvedge.cloud.gateway.serve_local` of a gateway for `model` cutting `segment_tokens`:
     (server, gateway, address, admin token)."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from daemons import in_process_gateway
+from daemons import in_process_gateway, write_kb
 from kvedge.common.errors import NotFound
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.errors import BadInput
@@ -34,13 +34,6 @@ from kvedge.edge.sync import Syncer, Target
 
 MODEL = "tiny-llama"
 SMALL_KB = Path(__file__).parent / "data" / "kb_small"
-
-
-def write_kb(folder: Path, docs: dict[str, str]) -> Path:
-    for name, text in docs.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
-    return folder
 
 
 DOCS = {

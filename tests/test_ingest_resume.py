@@ -3,19 +3,12 @@ edit prefills only the segments that changed, and an ingest cut off resumes wher
 on a real gateway (tiny model, its real Ray pool) over real files."""
 import pytest
 
-from daemons import in_process_gateway
+from daemons import in_process_gateway, write_kb
 from kvedge.common.net.cloud_client import CloudClient
 
 MODEL = "tiny-llama"
 DOCS = {f"d{i}.md": " ".join(f"Document {i}, line {j}, tells of river {100 * i + j}."
                              for j in range(12)) for i in range(4)}
-
-
-def write(folder, docs: dict[str, str]):
-    folder.mkdir()
-    for name, text in docs.items():
-        (folder / name).write_text(text)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +32,13 @@ def ingest(client, folder, namespace: str, kb: str):
 def test_a_reupload_prefills_only_the_segments_that_changed(cloud, tmp_path):
     client, gateway = cloud
     prefilled, reused = counts(gateway)
-    first = ingest(client, write(tmp_path / "v1", DOCS), "default", "edited")
+    first = ingest(client, write_kb(tmp_path / "v1", DOCS), "default", "edited")
     n = len(first.segments)
     assert n > len(DOCS) and counts(gateway) == (prefilled + n, reused)
 
     edited = {**DOCS, "d2.md": " ".join(f"Line {j} of document two: mountain {j}."
                                         for j in range(12))}
-    second = ingest(client, write(tmp_path / "v2", edited), "default", "edited")
+    second = ingest(client, write_kb(tmp_path / "v2", edited), "default", "edited")
     old = {s.source: s.pack_id for s in first.segments if s.source != "d2.md"}
     kept = [s for s in second.segments if s.source != "d2.md"]
     fresh = [s for s in second.segments if s.source == "d2.md"]
@@ -55,7 +48,7 @@ def test_a_reupload_prefills_only_the_segments_that_changed(cloud, tmp_path):
         s.pack_id for s in second.segments}  # (a file's last few tokens may be another's)
     assert gone and not any(gateway.store.exists(p) for p in gone)  # the old d2's packs
 
-    ingest(client, write(tmp_path / "v3", DOCS), "other", "edited")  # another tenant
+    ingest(client, write_kb(tmp_path / "v3", DOCS), "other", "edited")  # another tenant
     assert counts(gateway)[1] == reused + len(kept)  # never reuses a namespace's packs
 
 
@@ -70,7 +63,7 @@ def test_an_ingest_cut_off_resumes_where_it_stopped(cloud, tmp_path, monkeypatch
             yield enc
 
     monkeypatch.setattr(gateway.pool, "encode_all", cut_off)
-    folder = write(tmp_path / "kb", {k: v.replace("river", "canal") for k, v in DOCS.items()})
+    folder = write_kb(tmp_path / "kb", {k: v.replace("river", "canal") for k, v in DOCS.items()})
     client.upload(folder, "default", "cut")
     with pytest.raises(Exception, match="prefill actor lost"):
         client.wait_ready("default", "cut", timeout=120)

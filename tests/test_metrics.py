@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemons import in_process_gateway
+from daemons import in_process_gateway, write_kb
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.errors import InsecureListen, InvalidRequest
 from kvedge.common.net.metrics import MetricsServer, daemon_registry
@@ -56,13 +56,6 @@ def delta(before: dict, after: dict, name: str, **labels) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
-def write_kb(folder, docs=DOCS):
-    folder.mkdir()
-    for name, text in docs.items():
-        (folder / name).write_text(text)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory):
     registry = daemon_registry()
@@ -70,7 +63,7 @@ def cloud(tmp_path_factory):
                                                          MODEL, 48, registry=registry)
     metrics = MetricsServer("127.0.0.1:0", registry)
     with CloudClient(address, token) as client:
-        client.upload(write_kb(tmp_path_factory.mktemp("kb") / "kb"), "default", "served")
+        client.upload(write_kb(tmp_path_factory.mktemp("kb") / "kb", DOCS), "default", "served")
         info = client.wait_ready("default", "served", timeout=120)
         yield {"client": client, "token": token, "metrics": metrics.url, "gateway": gateway,
                "info": info, "tmp": tmp_path_factory}
