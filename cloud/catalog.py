@@ -231,10 +231,11 @@ class Catalog:
                    (kb, variant, status, error, done, total, now))
 
     def remember(self, namespace: str, name: str, key: str, pack: "Prefilled") -> None:
-        """Record that an ingest of the KB stored `pack` for the segment whose prefill key
-        (`kvedge.cloud.ingest.prefill_key`) is `key`: the pack stays in the store, referenced,
-        until the KB's next publish leaves it out or the KB is removed — so an ingest cut off
-        resumes, and a re-upload prefills only the segments that changed."""
+        """Record that an ingest (or a job) of the KB stored `pack` for `key`
+        (`kvedge.cloud.ingest.prefill_key`, `compress_key`): the pack stays in the store,
+        referenced, until a publish of the KB finds none of its variants using it, or the KB
+        is removed — so an ingest or job cut off resumes, and a re-upload (a job run again
+        after it) redoes only the segments that changed."""
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO prefilled VALUES (?,?,?,?,?)",
                        (self._kb_id(db, namespace, name), key, pack.pack_id, pack.pack_bytes,
@@ -264,12 +265,11 @@ class Catalog:
             db.executemany("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
                            [(kb, variant, s.idx, s.pack_id, s.pack_bytes, s.n_tokens, s.source)
                             for s in segments])
-            if variant == BASE:  # what the KB's earlier ingests stored and it no longer uses
-                old |= {r[0] for r in db.execute(
-                    "SELECT pack_id FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT "
-                    "pack_id FROM segments WHERE kb_id=? AND variant=?)", (kb, kb, BASE))}
-                db.execute("DELETE FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT "
-                           "pack_id FROM segments WHERE kb_id=? AND variant=?)", (kb, kb, BASE))
+            unused = ("FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT pack_id FROM "
+                      "segments WHERE kb_id=?)")  # stored by earlier ingests or jobs, not used
+            old |= {r[0] for r in db.execute(f"SELECT pack_id {unused}", (kb, kb))}
+            db.execute(f"DELETE {unused}", (kb, kb))
+            if variant == BASE:
                 db.execute("UPDATE kbs SET model_fingerprint=?, n_tokens=?, updated=?, "
                            "n_layers=?, n_kv_heads=?, head_dim=? WHERE id=?",
                            (model_fingerprint, sum(s.n_tokens for s in segments), time.time(),
@@ -427,7 +427,8 @@ class Catalog:
     def sweep_packs(self, sweep: Callable[[set[str]], list[str]]) -> list[str] | None:
         """Run `sweep(every pack id a segment or an ingest's record references)` if no job is
         active, holding the write lock meanwhile so no process can start one (a job writes
-        packs only while its record says it is active); returns what `sweep` returned, or None if it did not run.
+        packs only while its record says it is active); returns what `sweep` returned, or
+        None if it did not run.
         Ingests write packs too: the caller (a gateway, before it serves) runs none."""
         with self._tx() as db:
             if db.execute(f"SELECT 1 FROM jobs WHERE status IN {ACTIVE} LIMIT 1").fetchone():

@@ -45,6 +45,16 @@ def prefill_key(identity: dict, namespace: str, codec: str, anchored: bool,
 PREFILL_KEY_VERSION = 1  # raise when what a pack holds changes without its format version
 
 
+def compress_key(base_pack: str, method: str, budget: float, codec: str) -> str:
+    """What a batch job's pack for one context is a function of: the context's base pack
+    (content-addressed: model, namespace, tokens and codec are in it), the method at its
+    default options, the budget and the codec. A job run again after the KB changed
+    compresses only the contexts whose base pack changed."""
+    text = json.dumps(["job", PREFILL_KEY_VERSION, FORMAT_VERSION, base_pack, method,
+                       float(budget), codec])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def paragraphs(text: str) -> list[str]:
     return [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
 

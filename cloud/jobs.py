@@ -27,7 +27,8 @@ from pathlib import Path
 
 import click
 
-from kvedge.cloud.catalog import BASE, Catalog, JobRecord, SegmentRecord, variant_name
+from kvedge.cloud.catalog import BASE, Catalog, JobRecord, Prefilled, SegmentRecord, variant_name
+from kvedge.cloud.ingest import compress_key
 from kvedge.common.net.auth import InvalidName, check_variant
 from kvedge.common.errors import BadInput, InvalidRequest, ModelMismatch
 
@@ -244,8 +245,8 @@ class JobRunner:
             job.failures.append({"kb": kb, "segment": -1,
                                  "error": f"{type(err).__name__}: {err}"})
         if len(job.failures) > failures or cancelled.is_set() or len(rows) != len(segments):
-            for pack in stored:
-                if not self.catalog.pack_namespaces(pack):
+            for pack in stored:  # those `remember`ed stay, for the job that retries it
+                if not self.catalog.referenced(pack):
                     self.store.delete(pack)
             why = "cancelled" if cancelled.is_set() else \
                 f"{len(segments) - len(rows)} context(s) failed"
@@ -262,7 +263,19 @@ class JobRunner:
         from kvedge.cloud.workers import install_transforms
 
         sources = {s.idx: s.source for s in segments}
-        packs = [(s.idx, self.store.read(s.pack_id)) for s in segments]
+        keys = {s.idx: compress_key(s.pack_id, job.method, job.budget, job.codec)
+                for s in segments}
+        todo = []
+        for s in segments:  # a context whose pack this job's spec already made is not redone
+            held = self.catalog.prefilled(job.namespace, keys[s.idx])
+            if held is not None and self.store.exists(held.pack_id):
+                rows.append(SegmentRecord(s.idx, held.pack_id, held.pack_bytes, held.n_tokens,
+                                          s.source))
+                job.done += 1
+            else:
+                todo.append(s)
+        self.catalog.put_job(job)
+        packs = [(s.idx, self.store.read(s.pack_id)) for s in todo]
         for idx, outcome in self.pool.compress_all(packs, job.method, job.budget, job.codec,
                                                    cancelled):
             if isinstance(outcome, Exception):
@@ -272,6 +285,8 @@ class JobRunner:
                 install_transforms(outcome)
                 self.store.put(outcome.pack_id, outcome.data)
                 stored.append(outcome.pack_id)
+                self.catalog.remember(job.namespace, kb, keys[idx], Prefilled(
+                    outcome.pack_id, len(outcome.data), outcome.n_tokens))
                 rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),
                                           outcome.n_tokens, sources[idx]))
                 job.compress_s += outcome.seconds

@@ -77,3 +77,36 @@ def test_an_ingest_cut_off_resumes_where_it_stopped(cloud, tmp_path, monkeypatch
     assert now_reused - reused >= 2 and now_prefilled > prefilled
     assert now_prefilled - prefilled + now_reused - reused == len(info.segments)
     assert all(gateway.store.exists(s.pack_id) for s in info.segments)
+
+
+def test_a_job_run_again_after_an_edit_compresses_only_the_changed_contexts(
+        cloud, tmp_path, monkeypatch):
+    client, gateway = cloud
+    real, asked = gateway.pool.compress_all, []
+
+    def counted(packs, *args, **kw):
+        asked.append(len(packs))
+        yield from real(packs, *args, **kw)
+
+    monkeypatch.setattr(gateway.pool, "compress_all", counted)
+
+    def job(kb: str):
+        started = client.submit_job("default", [kb], "none", 1.0, "int8")
+        *_, done = client.watch_job("default", started.job_id)
+        assert done.status == "done"
+        return client.get_kb("default", kb, done.variant)
+
+    docs = {k: v.replace("river", "lake") for k, v in DOCS.items()}
+    first = ingest(client, write_kb(tmp_path / "v1", docs), "default", "jobbed")
+    variant = job("jobbed")
+    assert asked == [len(first.segments)]
+    assert [s.pack_id for s in job("jobbed").segments] == [s.pack_id for s in variant.segments]
+    assert asked[1] == 0  # the same spec on the same KB: every context's pack is held
+
+    docs["d1.md"] = " ".join(f"Line {j} of document one: valley {j}." for j in range(12))
+    second = ingest(client, write_kb(tmp_path / "v2", docs), "default", "jobbed")
+    before = {s.pack_id for s in first.segments}
+    changed = [s for s in second.segments if s.pack_id not in before]  # new base packs
+    again = job("jobbed")
+    assert asked[2] == len(changed) > 0
+    assert len(again.segments) == len(second.segments)
