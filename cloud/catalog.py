@@ -265,10 +265,11 @@ class Catalog:
             db.executemany("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
                            [(kb, variant, s.idx, s.pack_id, s.pack_bytes, s.n_tokens, s.source)
                             for s in segments])
-            unused = ("FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT pack_id FROM "
-                      "segments WHERE kb_id=?)")  # stored by earlier ingests or jobs, not used
-            old |= {r[0] for r in db.execute(f"SELECT pack_id {unused}", (kb, kb))}
-            db.execute(f"DELETE {unused}", (kb, kb))
+            # records of packs no variant of the KB uses (old versions, earlier attempts) go;
+            # their packs are left to the start-up sweep, not deleted here: an ingest or job
+            # of this KB still running may be about to publish one of them
+            db.execute("DELETE FROM prefilled WHERE kb_id=? AND pack_id NOT IN (SELECT "
+                       "pack_id FROM segments WHERE kb_id=?)", (kb, kb))
             if variant == BASE:
                 db.execute("UPDATE kbs SET model_fingerprint=?, n_tokens=?, updated=?, "
                            "n_layers=?, n_kv_heads=?, head_dim=? WHERE id=?",
