@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("kernel_speed", lambda: kernel_speed(device), False),
                 ("blocks", lambda: block_sweep(device), False),
                 ("graph", lambda: gpu_runtime.hf_static_decode(device, args.quick), True),
+                ("static", lambda: gpu_runtime.static_check(device, args.quick), True),
                 ("sdpa", lambda: gpu_runtime.sdpa_probe(device), False),
                 ("realign", lambda: realign_check(device, **small), True),
                 ("runtime", lambda: gpu_runtime.runtime_check(device, args.quick), True)]
@@ -320,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     if "kernels" in result:
         print(_table("kernels: worst ‖out − ref‖/‖ref‖ against float64",
                      _kernel_summary(result["kernels"])))
-    for name in ("ceilings", "kernel_speed", "blocks", "graph", "sdpa", "realign", "runtime"):
+    for name in ("ceilings", "kernel_speed", "blocks", "graph", "static", "sdpa", "realign",
+                 "runtime"):
         if name in result:
             print(_table(name, result[name]))
     return 1 if any(k.endswith("_error") for k in result) else 0

@@ -194,6 +194,60 @@ def hf_static_decode(device, quick: bool = False, context: int = 1300, steps: in
     return out
 
 
+def static_check(device, quick: bool, steps: int = 40) -> list[dict]:
+    """The runtime's own decode in fixed buffers (`kvedge.common.model.static_decode`) on
+    random Qwen2.5-0.5B shapes: ms per token of the runtime's unpadded step, of the static
+    step eager and, on CUDA, replayed as a CUDA graph; the largest logit difference against
+    the runtime's step and whether the greedy tokens agree, over `steps` steps."""
+    from transformers import Qwen2ForCausalLM
+
+    from kvedge.common.model.batch import decode_step
+    from kvedge.common.model.decoding import Decoding, Prompt
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.model.static_decode import StaticDecode
+
+    config = _qwen_shape(quick)
+    steps = 8 if quick else steps
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config).to(dtype).eval()
+        rt = Runtime(SimpleNamespace(model=model, config=config))
+        for context in ((64,) if quick else (1300, 8192)):
+            ids = torch.randint(0, config.vocab_size, (context,),
+                                generator=torch.Generator().manual_seed(2))
+
+            def started():
+                cache = rt.empty_cache(reserve=context + 3 * steps + 16)
+                return Decoding.start(rt, Prompt(cache, ids, torch.arange(context)),
+                                      3 * steps + 16)
+
+            row = {"dtype": str(dtype).split(".")[1], "context": context}
+            ref, state = started(), started()
+            run = StaticDecode(rt, state)
+            worst, agree = 0.0, True
+            for _ in range(steps):  # the same answer both ways, compared step by step
+                decode_step(rt, [ref], row_multiple=1)
+                token = run.advance()
+                worst = max(worst, float((state.logits - ref.logits).abs().max()))
+                agree = agree and token == ref.token
+            row["static_logits_max_abs"], row["static_tokens_agree"] = worst, agree
+            row["runtime_ms"] = median_ms(lambda: decode_step(rt, [ref], row_multiple=1),
+                                          device, repeats=steps, warmup=2)
+            row["static_eager_ms"] = median_ms(run.advance, device, repeats=steps, warmup=2)
+            if torch.device(device).type == "cuda":
+                run = StaticDecode(rt, started())
+                run.graph()
+                row["static_graph_ms"] = median_ms(run.advance, device, repeats=steps,
+                                                   warmup=2)
+            rows.append(row)
+        model = rt = None
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def runtime_check(device, quick: bool, profile: bool = True) -> list[dict]:
     from transformers import Qwen2ForCausalLM
 
