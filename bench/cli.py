@@ -378,8 +378,12 @@ def report_cmd(out_dir):
               help="the edge's mode (`kvedge serve --batch-invariant`)")
 @click.option("--steps", is_flag=True,
               help="then time one decode step alone and batched, in this process")
+@click.option("--conversations", is_flag=True,
+              help="each client holds one conversation through the OpenAI API (its "
+              "questions are turns), every round run with the edge's session KV and "
+              "without (--session-bytes 0)")
 def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir, work,
-             batch_invariant, steps):
+             batch_invariant, steps, conversations):
     """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
     one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
     from kvedge.bench.load import decode_costs, questions_in, run_load, table
@@ -389,7 +393,7 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
     model = model or DEFAULT_MODEL
     rounds = run_load(model, folder, questions_in(folder), clients, per_client,
                       echo=click.echo, work=work, strategy=strategy, top_k=top_k,
-                      max_new_tokens=max_new_tokens,
+                      max_new_tokens=max_new_tokens, conversations=conversations,
                       serve_args=() if batch_invariant else ("--no-batch-invariant",))
     click.echo(table(rounds))
     if steps:

@@ -103,14 +103,17 @@ class Round:
     tokens: list[int] = field(default_factory=list)
     texts: dict[str, set[str]] = field(default_factory=dict)  # answers given to each question
     lost: list[str] = field(default_factory=list)
+    reused: list[int] = field(default_factory=list)  # conversations: history tokens whose KV
+    #                                                  came from the session cache, per turn
 
     def add(self, question: str, ttft: float, tokens: int, text: str,
-            tpot: float | None = None) -> None:
+            tpot: float | None = None, reused: int = 0) -> None:
         self.ttfts.append(ttft)
         if tpot is not None:
             self.tpots.append(tpot)
         self.tokens.append(tokens)
         self.texts.setdefault(question, set()).add(text)
+        self.reused.append(reused)
 
     @property
     def answers(self) -> int:
@@ -153,26 +156,69 @@ def ask_timed(client, kb: str, question: str, **ask) -> tuple:
     return first, event.tokens, event.answer, tpot
 
 
+def chat_timed(client, kb: str, messages: list[dict], strategy: str = "", top_k: int = 0,
+               max_new_tokens: int = 0) -> tuple:
+    """One conversation turn through the edge's OpenAI API with the official client,
+    streamed: `ask_timed`'s tuple and the history tokens the edge found in its session cache
+    (`kvedge.session_reused`)."""
+    start, first, pieces, tokens, reused = time.perf_counter(), None, [], 0, 0
+    stream = client.chat.completions.create(
+        model=kb, messages=messages, stream=True, stream_options={"include_usage": True},
+        max_tokens=max_new_tokens or None,
+        extra_body={"kvedge": {k: v for k, v in (("strategy", strategy), ("top_k", top_k))
+                               if v}})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else time.perf_counter() - start
+            pieces.append(chunk.choices[0].delta.content)
+        reused = (chunk.model_extra or {}).get("kvedge", {}).get("session_reused", reused)
+        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+    end = time.perf_counter() - start
+    first = end if first is None else first
+    tpot = (end - first) / (tokens - 1) if tokens > 1 else None
+    return first, tokens, "".join(pieces), tpot, reused
+
+
 def run_round(address: str, token: str, kb: str, questions: list[str], clients: int,
-              per_client: int, **ask) -> Round:
+              per_client: int, http: str | None = None, **ask) -> Round:
     """`clients` threads, each its own channel, each asking the first `per_client` questions
     in turn from its own starting point: every round asks the same questions, so answer
-    lengths match between rounds."""
+    lengths match between rounds. With `http` (the edge's OpenAI API address) each client
+    holds one conversation instead: its questions are successive turns, each sent with the
+    turns before it and their answers, as a chat client sends them (an answer is then
+    compared with others by its whole conversation)."""
     from kvedge.common.net.edge_client import EdgeClient
 
     result, lock = Round(clients), threading.Lock()
     start_line = threading.Barrier(clients + 1)
 
+    def connect():
+        if http is None:
+            return EdgeClient(address, token)
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"http://{http}/v1", api_key=token, max_retries=0,
+                      timeout=600)
+
     def client(c: int) -> None:
-        with EdgeClient(address, token) as edge:
+        with connect() as edge:
             start_line.wait()
+            messages: list[dict] = []
             for i in range(per_client):
                 question = questions[(c + i) % per_client % len(questions)]
                 try:
-                    answer = ask_timed(edge, kb, question, **ask)
+                    if http is None:
+                        answer = ask_timed(edge, kb, question, **ask)
+                    else:
+                        messages.append({"role": "user", "content": question})
+                        answer = chat_timed(edge, kb, messages, **ask)
+                        messages.append({"role": "assistant", "content": answer[2]})
+                        question = " / ".join(m["content"] for m in messages[::2])
                 except Exception as err:  # noqa: BLE001 - a lost answer is a result
                     with lock:
                         result.lost.append(f"{type(err).__name__}: {err}")
+                    if http is not None:
+                        break  # the conversation cannot go on without that answer
                     continue
                 with lock:
                     result.add(question, *answer)
@@ -193,15 +239,17 @@ def table(rounds: list[Round]) -> str:
     base = rounds[0]
     lines = ["| clients | answers | lost | questions answered differently | tokens/answer | "
              "wall s | answers/s | × 1 client | TTFT p50 s | × 1 client | TTFT p99 s | "
-             "× 1 client | TPOT p50 ms | TPOT p99 ms |", "|---" * 14 + "|"]
+             "× 1 client | TPOT p50 ms | TPOT p99 ms | session KV tokens/turn |",
+             "|---" * 15 + "|"]
     for r in rounds:
         mean_tokens = sum(r.tokens) / len(r.tokens) if r.tokens else 0.0
+        reused = sum(r.reused) / len(r.reused) if r.reused else 0.0
         lines.append(f"| {r.label or r.clients} | {r.answers} | {len(r.lost)} | "
                      f"{r.differing(base)} | {mean_tokens:.1f} | {r.wall_s:.1f} | "
                      f"{r.rate:.2f} | {r.rate / base.rate:.2f} | {r.ttft(.5):.2f} | "
                      f"{r.ttft(.5) / base.ttft(.5):.2f} | {r.ttft(.99):.2f} | "
                      f"{r.ttft(.99) / base.ttft(.99):.2f} | {r.tpot(.5) * 1e3:.0f} | "
-                     f"{r.tpot(.99) * 1e3:.0f} |")
+                     f"{r.tpot(.99) * 1e3:.0f} | {reused:.0f} |")
     return "\n".join(lines)
 
 
@@ -294,10 +342,15 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
 
 def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
              per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
-             unbatched: bool = True, **ask) -> list[Round]:
+             unbatched: bool = True, conversations: bool = False, **ask) -> list[Round]:
     """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
     then (`unbatched`) the one-client reference round without the daemon. In `work`
-    (kept, and its synced KB reused by the next run) or a temporary folder."""
+    (kept, and its synced KB reused by the next run) or a temporary folder.
+
+    `conversations`: each client holds one conversation through the OpenAI API
+    (`run_round`'s `http`), and every client count runs twice — the edge keeping each
+    conversation's KV (`--session-bytes`' default) and not (`--session-bytes 0`), a daemon
+    each; no unbatched round."""
     from kvedge.apps.demo import free_port, start
     from kvedge.edge.sync import Target, manifest_path
 
@@ -308,17 +361,26 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
             t0 = time.perf_counter()
             sync_local_kb(state, model, folder, target.kb)
             echo(f"synced {folder} ({model}) in {time.perf_counter() - t0:.0f} s")
-        address = f"127.0.0.1:{free_port()}"
-        edge = start("edge", ["serve", "--cloud", f"127.0.0.1:{free_port()}", "--kb",
-                              target.key, "--address", address, "--state", str(state),
-                              "--model", model, "--sync-interval", "3600", *serve_args],
-                     root / "edge.log", {**os.environ, "KVEDGE_HOME": str(root)})
-        try:
-            rounds = _rounds(edge, address, state, target, questions, clients, per_client,
-                             echo, **ask)
-        finally:
-            edge.stop()
-        if unbatched:
+        rounds = []
+        for session in ((True, False) if conversations else (None,)):
+            address, http = f"127.0.0.1:{free_port()}", None
+            extra = list(serve_args)
+            if session is not None:
+                http = f"127.0.0.1:{free_port()}"
+                extra += ["--http", http] + ([] if session else ["--session-bytes", "0"])
+            edge = start("edge", ["serve", "--cloud", f"127.0.0.1:{free_port()}", "--kb",
+                                  target.key, "--address", address, "--state", str(state),
+                                  "--model", model, "--sync-interval", "3600", *extra],
+                         root / "edge.log", {**os.environ, "KVEDGE_HOME": str(root)})
+            try:
+                done = _rounds(edge, address, state, target, questions, clients, per_client,
+                               echo, http=http, **ask)
+            finally:
+                edge.stop()
+            for r in done if session is not None else ():
+                r.label = f"{r.clients}, {'session KV' if session else 'no session KV'}"
+            rounds += done
+        if unbatched and not conversations:
             rounds.append(unbatched_round(state, model, questions, per_client, **ask))
             echo(f"unbatched: {rounds[-1].rate:.2f}/s, TTFT p50 {rounds[-1].ttft(.5):.2f} s")
         return rounds
@@ -327,8 +389,18 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
             shutil.rmtree(root, ignore_errors=True)
 
 
+def _healthy(http: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http}/health", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
 def _rounds(edge, address, state, target, questions, clients, per_client, echo,
-            **ask) -> list[Round]:
+            http: str | None = None, **ask) -> list[Round]:
     from kvedge.apps.demo import wait_for
     from kvedge.common.net.edge_client import EdgeClient
     from kvedge.common.net.rpc import wait_healthy
@@ -336,14 +408,18 @@ def _rounds(edge, address, state, target, questions, clients, per_client, echo,
     wait_for((state / "edge.token").exists, "the edge", [edge], 300)
     wait_healthy(address, 300)
     token = (state / "edge.token").read_text().strip()
+    if http is not None:
+        wait_for(lambda: _healthy(http), "the edge's HTTP API", [edge], 300)
     with EdgeClient(address, token) as warm:  # first-use costs out of the rounds
         for question in questions[:2]:
             ask_timed(warm, target.kb, question, **ask)
     rounds = []
     for n in clients:
-        rounds.append(run_round(address, token, target.kb, questions, n, per_client, **ask))
+        rounds.append(run_round(address, token, target.kb, questions, n, per_client, http,
+                                **ask))
         r = rounds[-1]
-        echo(f"{n:3d} clients: {r.answers} answers, {len(r.lost)} lost, {r.rate:.2f}/s, "
+        echo(f"{n:3d} clients{' (conversations)' if http else ''}: {r.answers} answers, "
+             f"{len(r.lost)} lost, {r.rate:.2f}/s, "
              f"TTFT p50 {r.ttft(.5):.2f} s p99 {r.ttft(.99):.2f} s"
              + (f"; first error: {r.lost[0]}" if r.lost else ""))
     return rounds

@@ -426,4 +426,22 @@ def test_load_rounds_count_answers_that_differ_from_one_client():
     many.add("q1", 0.9, 3, "a, twice", tpot=0.05)
     assert many.differing(one) == 2
     assert "| 4 | 4 | 0 | 2 | 3.0 | 2.0 | 2.00 | 2.00 |" in table([one, many])
-    assert many.tpot(0.5) == 0.05 and table([one, many]).endswith("| 50 | 50 |")
+    assert many.tpot(0.5) == 0.05 and table([one, many]).endswith("| 50 | 50 | 0 |")
+
+
+def test_load_conversations_run_with_and_without_session_kv(tmp_path):
+    """`kvctl bench load --conversations`: each client's questions are turns of one chat
+    through a real daemon's OpenAI API; the same rounds run with the edge keeping each
+    conversation's KV and with `--session-bytes 0`, no answer lost either way, and only the
+    first reuses earlier turns."""
+    from kvedge.apps.demo import DEMO_KB
+    from kvedge.bench.load import questions_in, run_load
+
+    rounds = run_load(MODEL, DEMO_KB, questions_in(DEMO_KB), clients=(1, 2), per_client=2,
+                      echo=lambda *_: None, work=tmp_path, conversations=True,
+                      max_new_tokens=3)
+    assert [r.label for r in rounds] == ["1, session KV", "2, session KV", "1, no session KV",
+                                         "2, no session KV"]
+    assert all(not r.lost and r.answers == 2 * r.clients for r in rounds)
+    kept, cold = rounds[:2], rounds[2:]
+    assert all(sum(r.reused) > 0 for r in kept) and all(sum(r.reused) == 0 for r in cold)
