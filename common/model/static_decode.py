@@ -14,14 +14,15 @@ The layout, and the decisions behind it:
   rotated key and value of position `slot_pos[l, h, s]`. The cache's held rows fill each
   head's first slots (a ragged head holds fewer: its other slots stay empty); the answer's
   own tokens take slots `held`, `held` + 1, … (`held`: the most rows any head holds), the
-  same slot for every head, so a step writes one index. S = held + the steps allowed.
+  same slot for every head, so a step writes one index. S = held + the steps allowed
+  (+ `WARMUP` slots a graph capture warms up in).
 - **Masking by position, as the runtime does** (`kvedge.common.model.attention`): a query at
   p sees a slot when its position is ≤ p (and > p − window on a sliding-window layer). An
   empty slot's position is `EMPTY` (above any query), so one comparison hides it. A decode
   position inside the cached span (text between held segments) is masked the same way.
 - **One row, one attention call per layer**: the Hq query heads are grouped by KV head as
-  (Hkv, G, D) — G queries against each KV head's (S, D) keys — so SDPA runs once per layer,
-  with no key expanded.
+  (1, Hkv, G, D) — G queries against each KV head's (S, D) keys — so SDPA runs once per
+  layer, with no key expanded.
 - **The step's inputs and outputs live in the object** (`token`, `pos`, `slot`, `logits`):
   a graph replays against those addresses; `pos` and `slot` advance inside the step.
 - **Exactness**: the matmuls are the unpadded step's (one row); attention reads the same keys
@@ -47,6 +48,7 @@ from kvedge.common.model.quant import linear
 from kvedge.common.model.runtime import Runtime, rms_norm
 
 EMPTY = torch.iinfo(torch.long).max  # an empty slot's position: no query reaches it
+WARMUP = 3  # steps run before a graph is captured (on a copy of the state: restored after)
 
 
 class StaticDecode:
@@ -60,7 +62,7 @@ class StaticDecode:
         cache, dev = state.cache, rt.device
         heads = [g for layer in cache for g in layer.heads()]
         held = max((g.positions.numel() for g in heads), default=0)
-        size = (rt.n_layers, rt.n_kv, held + steps)
+        size = (rt.n_layers, rt.n_kv, held + steps + WARMUP)  # graph(): its warm-up's room
         self.k = torch.zeros(*size, rt.head_dim, dtype=rt.dtype, device=dev)
         self.v = torch.zeros_like(self.k)
         self.slot_pos = torch.full(size, EMPTY, dtype=torch.long, device=dev)
@@ -76,7 +78,7 @@ class StaticDecode:
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.full((1,), state.next_position(), dtype=torch.long, device=dev)
         self.slot = torch.full((1,), held, dtype=torch.long, device=dev)
-        self.end = held + steps
+        self.free = steps  # slots left for the answer's tokens (counted here: no sync)
         self.logits = torch.zeros(rt.lm_head.shape[0], dtype=rt.dtype, device=dev)
         self._graph = None
 
@@ -98,15 +100,16 @@ class StaticDecode:
             seen = self.slot_pos[i] <= self.pos                         # (Hkv, S)
             if self.windows[i] is not None:
                 seen &= self.slot_pos[i] > self.pos - self.windows[i]
-            attn = sdpa(q.view(rt.n_kv, rt.group, rt.head_dim), self.k[i], self.v[i],
-                        attn_mask=seen[:, None], scale=rt.scale)        # (Hkv, G, D)
+            attn = sdpa(q.view(1, rt.n_kv, rt.group, rt.head_dim), self.k[i][None],
+                        self.v[i][None], attn_mask=seen[None, :, None],
+                        scale=rt.scale)                                 # (1, Hkv, G, D)
             x = rt.post_attention(w, x, attn.reshape(1, -1))
         self.logits.copy_(linear(rms_norm(x, rt.final_norm, rt.eps), rt.decode_head)[0])
         self.pos.add_(1)
         self.slot.add_(1)
         return self.logits
 
-    def graph(self, warmup: int = 3) -> None:
+    def graph(self) -> None:
         """Capture `step` as a CUDA graph; `advance` then replays it. The warm-up steps run
         on a side stream (as CUDA graphs ask) on a copy of the state, so the answer's own
         buffers are as they were."""
@@ -116,7 +119,7 @@ class StaticDecode:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(warmup):
+            for _ in range(WARMUP):
                 self.step()
         torch.cuda.current_stream().wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
@@ -129,8 +132,9 @@ class StaticDecode:
         """Run the answer's last picked token (one step, replayed if captured) and pick the
         next with the answer's own sampler; returns it."""
         state = self.state
-        if int(self.slot) >= self.end:
-            raise CacheError(f"static decode full: {self.end} slots")
+        if self.free == 0:
+            raise CacheError(f"static decode full: {self.slot_pos.shape[-1] - WARMUP} slots")
+        self.free -= 1
         self.token.fill_(state.token)
         if self._graph is not None:
             self._graph.replay()
