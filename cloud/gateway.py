@@ -75,8 +75,9 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         self._ingests: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
         self.bytes_served = 0  # by FetchPack, since start (cloud.metrics reports it)
-        self.segments_prefilled = 0  # by ingests since start, and those whose pack was held
-        self.segments_reused = 0     # already (an ingest resumed, a file unchanged)
+        self.segments_prefilled = 0  # segments ingests prefilled, since start
+        self.segments_reused = 0     # segments whose pack was held already (a resumed
+        #                              ingest, an unchanged file): not prefilled again
         self._clean_up_after_a_stop()
 
     def _clean_up_after_a_stop(self) -> None:
@@ -199,7 +200,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             segments = self.pool.segment(texts, seg_tokens, whole)
             keys = {s.index: prefill_key(identity, ns, codec, self.config.anchored, s.token_ids)
                     for s in segments}
-            rows, todo = self._held(ns, segments, keys)
+            rows, todo = self._held(ns, name, segments, keys)
             self.segments_reused += len(rows)
             if rows:
                 log.info("ingest of %s/%s: %d of %d segments already prefilled", ns, name,
@@ -237,13 +238,15 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             except NotFound:
                 pass
 
-    def _held(self, ns, segments, keys) -> tuple[list[SegmentRecord], list]:
+    def _held(self, ns, name, segments, keys) -> tuple[list[SegmentRecord], list]:
         """The segments whose pack the namespace holds already (`Catalog.prefilled`, the pack
-        still in the store) as records, and the others, to prefill."""
+        still in the store) as records — remembered for this KB too, so they stay found if
+        the KB that made them goes — and the others, to prefill."""
         held, todo = [], []
         for seg in segments:
             pack = self.catalog.prefilled(ns, keys[seg.index])
             if pack is not None and self.store.exists(pack.pack_id):
+                self.catalog.remember(ns, name, keys[seg.index], pack)
                 held.append(SegmentRecord(seg.index, pack.pack_id, pack.pack_bytes,
                                           pack.n_tokens, seg.source))
             else:

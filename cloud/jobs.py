@@ -269,6 +269,7 @@ class JobRunner:
         for s in segments:  # a context whose pack this job's spec already made is not redone
             held = self.catalog.prefilled(job.namespace, keys[s.idx])
             if held is not None and self.store.exists(held.pack_id):
+                self.catalog.remember(job.namespace, kb, keys[s.idx], held)
                 rows.append(SegmentRecord(s.idx, held.pack_id, held.pack_bytes, held.n_tokens,
                                           s.source))
                 job.done += 1

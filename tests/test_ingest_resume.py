@@ -110,3 +110,17 @@ def test_a_job_run_again_after_an_edit_compresses_only_the_changed_contexts(
     again = job("jobbed")
     assert asked[2] == len(changed) > 0
     assert len(again.segments) == len(second.segments)
+
+
+def test_a_pack_shared_with_a_removed_kb_is_still_found(cloud, tmp_path):
+    client, gateway = cloud
+    docs = {k: v.replace("river", "road") for k, v in DOCS.items()}
+    ingest(client, write_kb(tmp_path / "a", docs), "default", "first")
+    prefilled, reused = counts(gateway)
+    second = ingest(client, write_kb(tmp_path / "b", docs), "default", "second")
+    assert counts(gateway) == (prefilled, reused + len(second.segments))  # all from "first"
+    client.remove_kb("default", "first")
+    assert all(gateway.store.exists(s.pack_id) for s in second.segments)
+    again = ingest(client, write_kb(tmp_path / "c", docs), "default", "second")
+    assert counts(gateway) == (prefilled, reused + 2 * len(second.segments))
+    assert [s.pack_id for s in again.segments] == [s.pack_id for s in second.segments]
