@@ -303,7 +303,7 @@ def bench():
               "include each other's prefills: rows record it, and a cell's time ratios "
               "against a ceiling asked otherwise are left out")
 @click.option("--kb-base-codec", default="", callback=_check_base_codec,
-              help="hotpot-kb: upload the KB once in this codec (e.g. fp16) and make each "
+              help="hotpot-kb: upload the KB once in this codec (fp16, say) and make each "
               "--codec a variant of it by a batch job (method none), as `kvctl job submit` "
               "does: one ingest for every codec [default: an upload per codec]")
 @click.option("--ingest-actors", type=click.IntRange(1), default=1, show_default=True,
