@@ -194,26 +194,33 @@ def hf_static_decode(device, quick: bool = False, context: int = 1300, steps: in
     return out
 
 
+def _random_runtime(config, dtype, device):
+    """transformers' Qwen2 of `config` with seeded random weights in `dtype` on `device`, and
+    the runtime over it."""
+    from transformers import Qwen2ForCausalLM
+
+    from kvedge.common.model.runtime import Runtime
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype).eval()
+    return model, Runtime(SimpleNamespace(model=model, config=config))
+
+
 def static_check(device, quick: bool, steps: int = 40) -> list[dict]:
     """The runtime's own decode in fixed buffers (`kvedge.common.model.static_decode`) on
     random Qwen2.5-0.5B shapes: ms per token of the runtime's unpadded step, of the static
     step eager and, on CUDA, replayed as a CUDA graph; the largest logit difference against
     the runtime's step and whether the greedy tokens agree, over `steps` steps."""
-    from transformers import Qwen2ForCausalLM
-
     from kvedge.common.model.batch import decode_step
     from kvedge.common.model.decoding import Decoding, Prompt
-    from kvedge.common.model.runtime import Runtime
     from kvedge.common.model.static_decode import StaticDecode
 
     config = _qwen_shape(quick)
     steps = 8 if quick else steps
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config).to(dtype).eval()
-        rt = Runtime(SimpleNamespace(model=model, config=config))
+        rt = _random_runtime(config, dtype, device)[1]
         for context in ((64,) if quick else (1300, 8192)):
             ids = torch.randint(0, config.vocab_size, (context,),
                                 generator=torch.Generator().manual_seed(2))
@@ -242,7 +249,7 @@ def static_check(device, quick: bool, steps: int = 40) -> list[dict]:
                 row["static_graph_ms"] = median_ms(run.advance, device, repeats=steps,
                                                    warmup=2)
             rows.append(row)
-        model = rt = None
+        rt = None
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -252,15 +259,11 @@ def runtime_check(device, quick: bool, profile: bool = True) -> list[dict]:
     from transformers import Qwen2ForCausalLM
 
     from kvedge.common.model.generate import greedy_answer
-    from kvedge.common.model.runtime import Runtime
 
     config = _qwen_shape(quick)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config).to(dtype).eval()
-        rt = Runtime(SimpleNamespace(model=model, config=config))
+        model, rt = _random_runtime(config, dtype, device)
         # the same (rounded) weights in fp32: what either bf16 forward's error is measured by
         upcast = Qwen2ForCausalLM(config).to(device).eval() if dtype != torch.float32 else None
         if upcast is not None:
