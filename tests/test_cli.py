@@ -17,6 +17,7 @@ def test_model_verify_passes_and_fails_by_tolerance():
     ok = CliRunner().invoke(kvctl, ["model", "verify", "--model", "tiny-mistral"])
     assert ok.exit_code == 0, ok.output
     assert "full prefill" in ok.output and "8 greedy decode steps" in ok.output
+    assert "8 static decode steps" in ok.output
     strict = CliRunner().invoke(kvctl, ["model", "verify", "--model", "tiny-mistral",
                                         "--tolerance", "0"])
     assert strict.exit_code == 1 and "FAIL" in strict.output

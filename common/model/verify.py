@@ -75,6 +75,8 @@ def verify_runtime(rt: Runtime, n_tokens: int = 96, decode_steps: int = 8, seed:
 
     checks.append(Check(f"first token + {decode_steps} greedy decode steps (the served path)",
                         _decode_diff(rt, ids, decode_steps), tolerance))
+    checks.append(Check(f"first token + {decode_steps} static decode steps (the CUDA-graph "
+                        f"layout)", _decode_diff(rt, ids, decode_steps, static=True), tolerance))
     return checks
 
 
@@ -93,22 +95,30 @@ def _interleaved_diff(rt: Runtime, ids: torch.Tensor, ref: torch.Tensor) -> floa
     return _diff(out.logits, ref)
 
 
-def _decode_diff(rt: Runtime, ids: torch.Tensor, steps: int) -> float:
+def _decode_diff(rt: Runtime, ids: torch.Tensor, steps: int, static: bool = False) -> float:
     """Decode greedily the way the edge serves — `Decoding.start` over a prefilled cache, then
-    the scheduler's batched `decode_step` (its padded rows included) — and compare each
-    step's logits to transformers decoding the same tokens with its own cache."""
+    the scheduler's batched `decode_step` (its padded rows included), or (`static`) the
+    fixed-buffer step a CUDA graph captures (`kvedge.common.model.static_decode`) — and
+    compare each step's logits to transformers decoding the same tokens with its own
+    cache."""
     from transformers import DynamicCache
+
+    from kvedge.common.model.static_decode import StaticDecode
 
     n = ids.numel()
     cache = rt.prefill(ids[:-1], logits="none").cache
     state = Decoding.start(rt, Prompt(cache, ids[-1:], torch.tensor([n - 1])), steps + 1)
+    run = StaticDecode(rt, state) if static else None
     hf_cache = DynamicCache(config=rt.config)
     with torch.no_grad():
         hf = rt.model(ids[None], past_key_values=hf_cache, use_cache=True).logits[0, -1]
     worst = _diff(state.logits, hf)
     for step in range(steps):
         token = state.token
-        decode_step(rt, [state])
+        if run is not None:
+            run.advance()
+        else:
+            decode_step(rt, [state])
         with torch.no_grad():
             hf = rt.model(torch.tensor([[token]]), past_key_values=hf_cache, use_cache=True,
                           position_ids=torch.tensor([[n + step]])).logits[0, -1]
