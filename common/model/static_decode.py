@@ -48,7 +48,7 @@ from kvedge.common.model.quant import linear
 from kvedge.common.model.runtime import Runtime, rms_norm
 
 EMPTY = torch.iinfo(torch.long).max  # an empty slot's position: no query reaches it
-WARMUP = 3  # steps run before a graph is captured (on a copy of the state: restored after)
+WARMUP = 3  # steps run before a graph is captured (their writes undone after)
 
 
 class StaticDecode:
@@ -111,8 +111,8 @@ class StaticDecode:
 
     def graph(self) -> None:
         """Capture `step` as a CUDA graph; `advance` then replays it. The warm-up steps run
-        on a side stream (as CUDA graphs ask) on a copy of the state, so the answer's own
-        buffers are as they were."""
+        on a side stream (as CUDA graphs ask) and their writes are undone, so the answer's
+        buffers are as they were (the capture itself records the step without running it)."""
         if self.rt.device.type != "cuda":
             raise CacheError("CUDA graphs need the model on a CUDA device")
         saved = [t.clone() for t in (self.k, self.v, self.slot_pos, self.pos, self.slot)]
@@ -126,7 +126,7 @@ class StaticDecode:
         with torch.cuda.graph(self._graph):
             self.step()
         for t, s in zip((self.k, self.v, self.slot_pos, self.pos, self.slot), saved):
-            t.copy_(s)  # the capture ran a step too
+            t.copy_(s)  # undo the warm-up steps
 
     def advance(self) -> int:
         """Run the answer's last picked token (one step, replayed if captured) and pick the
