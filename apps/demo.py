@@ -66,6 +66,17 @@ def start(name: str, args: list[str], log: Path, env=None) -> Child:
     return Child(name, proc, log)
 
 
+def http_serving(address: str) -> bool:
+    """Whether an edge's HTTP API at HOST:PORT answers `/health`."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for(predicate, what: str, children: list[Child], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

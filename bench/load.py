@@ -389,19 +389,9 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _healthy(http: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{http}/health", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
-
-
 def _rounds(edge, address, state, target, questions, clients, per_client, echo,
             http: str | None = None, **ask) -> list[Round]:
-    from kvedge.apps.demo import wait_for
+    from kvedge.apps.demo import http_serving, wait_for
     from kvedge.common.net.edge_client import EdgeClient
     from kvedge.common.net.rpc import wait_healthy
 
@@ -409,7 +399,7 @@ def _rounds(edge, address, state, target, questions, clients, per_client, echo,
     wait_healthy(address, 300)
     token = (state / "edge.token").read_text().strip()
     if http is not None:
-        wait_for(lambda: _healthy(http), "the edge's HTTP API", [edge], 300)
+        wait_for(lambda: http_serving(http), "the edge's HTTP API", [edge], 300)
     with EdgeClient(address, token) as warm:  # first-use costs out of the rounds
         for question in questions[:2]:
             ask_timed(warm, target.kb, question, **ask)

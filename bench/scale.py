@@ -230,17 +230,12 @@ class Edge:
 
     def wait_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
-        while not (self.state / "edge.token").exists() or not self._serving():
+        from kvedge.apps.demo import http_serving
+
+        while not (self.state / "edge.token").exists() or not http_serving(self.http):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the edge did not start: see {self.state}.log")
             time.sleep(0.2)
-
-    def _serving(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http}/health", timeout=2):
-                return True
-        except OSError:
-            return False
 
     def ask(self, text: str, max_new_tokens: int, top_k: int) -> tuple[float, dict]:
         """(seconds to the complete answer, the answer's `kvedge` costs)."""
