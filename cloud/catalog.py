@@ -251,6 +251,19 @@ class Catalog:
                 (key, namespace)).fetchone()
         return Prefilled(*row) if row else None
 
+    def held(self, namespace: str, name: str, keys: dict[int, str],
+             exists) -> dict[int, "Prefilled"]:
+        """Of `keys` (segment or context index → key), those whose pack the namespace holds
+        (`prefilled`) and `exists(pack_id)` confirms in the store: index → pack, each
+        remembered for this KB too, so it stays found if the KB that made it goes."""
+        out = {}
+        for idx, key in keys.items():
+            pack = self.prefilled(namespace, key)
+            if pack is not None and exists(pack.pack_id):
+                self.remember(namespace, name, key, pack)
+                out[idx] = pack
+        return out
+
     def publish(self, namespace: str, name: str, variant: str,
                 segments: list[SegmentRecord], *, model_fingerprint: str,
                 kv_shape: KVShape = UNKNOWN_SHAPE) -> list[str]:

@@ -200,7 +200,11 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             segments = self.pool.segment(texts, seg_tokens, whole)
             keys = {s.index: prefill_key(identity, ns, codec, self.config.anchored, s.token_ids)
                     for s in segments}
-            rows, todo = self._held(ns, name, segments, keys)
+            held = self.catalog.held(ns, name, keys, self.store.exists)
+            rows = [SegmentRecord(s.index, held[s.index].pack_id, held[s.index].pack_bytes,
+                                  held[s.index].n_tokens, s.source)
+                    for s in segments if s.index in held]
+            todo = [s for s in segments if s.index not in held]
             self.segments_reused += len(rows)
             if rows:
                 log.info("ingest of %s/%s: %d of %d segments already prefilled", ns, name,
@@ -237,21 +241,6 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                                           error=f"{type(err).__name__}: {err}")
             except NotFound:
                 pass
-
-    def _held(self, ns, name, segments, keys) -> tuple[list[SegmentRecord], list]:
-        """The segments whose pack the namespace holds already (`Catalog.prefilled`, the pack
-        still in the store) as records — remembered for this KB too, so they stay found if
-        the KB that made them goes — and the others, to prefill."""
-        held, todo = [], []
-        for seg in segments:
-            pack = self.catalog.prefilled(ns, keys[seg.index])
-            if pack is not None and self.store.exists(pack.pack_id):
-                self.catalog.remember(ns, name, keys[seg.index], pack)
-                held.append(SegmentRecord(seg.index, pack.pack_id, pack.pack_bytes,
-                                          pack.n_tokens, seg.source))
-            else:
-                todo.append(seg)
-        return held, todo
 
     def ingesting(self) -> list[tuple[str, str]]:
         """The KBs being ingested now, as (namespace, name)."""

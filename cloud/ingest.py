@@ -36,10 +36,8 @@ def prefill_key(identity: dict, namespace: str, codec: str, anchored: bool,
     pack, so an ingest reuses a pack its namespace already holds for that key
     (`Catalog.prefilled`) instead of prefilling again. The segment's file and index are not in
     it: a pack does not record them."""
-    text = json.dumps([PREFILL_KEY_VERSION, FORMAT_VERSION, identity["fingerprint"],
-                       identity["tokenizer_id"], namespace, codec, bool(anchored),
-                       list(token_ids)])
-    return hashlib.sha256(text.encode()).hexdigest()
+    return _key(identity["fingerprint"], identity["tokenizer_id"], namespace, codec,
+                bool(anchored), list(token_ids))
 
 
 PREFILL_KEY_VERSION = 1  # raise when what a pack holds changes without its format version
@@ -50,8 +48,12 @@ def compress_key(base_pack: str, method: str, budget: float, codec: str) -> str:
     (content-addressed: model, namespace, tokens and codec are in it), the method at its
     default options, the budget and the codec. A job run again after the KB changed
     compresses only the contexts whose base pack changed."""
-    text = json.dumps(["job", PREFILL_KEY_VERSION, FORMAT_VERSION, base_pack, method,
-                       float(budget), codec])
+    return _key("job", base_pack, method, float(budget), codec)
+
+
+def _key(*parts) -> str:
+    """sha256 of the parts (JSON), with the key and pack format versions."""
+    text = json.dumps([PREFILL_KEY_VERSION, FORMAT_VERSION, *parts])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -265,16 +265,12 @@ class JobRunner:
         sources = {s.idx: s.source for s in segments}
         keys = {s.idx: compress_key(s.pack_id, job.method, job.budget, job.codec)
                 for s in segments}
-        todo = []
-        for s in segments:  # a context whose pack this job's spec already made is not redone
-            held = self.catalog.prefilled(job.namespace, keys[s.idx])
-            if held is not None and self.store.exists(held.pack_id):
-                self.catalog.remember(job.namespace, kb, keys[s.idx], held)
-                rows.append(SegmentRecord(s.idx, held.pack_id, held.pack_bytes, held.n_tokens,
-                                          s.source))
-                job.done += 1
-            else:
-                todo.append(s)
+        # a context whose pack this job's spec already made is not redone
+        held = self.catalog.held(job.namespace, kb, keys, self.store.exists)
+        rows += [SegmentRecord(s.idx, held[s.idx].pack_id, held[s.idx].pack_bytes,
+                               held[s.idx].n_tokens, s.source) for s in segments if s.idx in held]
+        todo = [s for s in segments if s.idx not in held]
+        job.done += len(held)
         self.catalog.put_job(job)
         packs = [(s.idx, self.store.read(s.pack_id)) for s in todo]
         for idx, outcome in self.pool.compress_all(packs, job.method, job.budget, job.codec,
