@@ -308,8 +308,12 @@ def bench():
               "does: one ingest for every codec [default: an upload per codec]")
 @click.option("--ingest-actors", type=click.IntRange(1), default=1, show_default=True,
               help="hotpot-kb: prefill actors of the gateway (a thread each; 2 on 2 cores)")
+@click.option("--side-tensors", is_flag=True,
+              help="hotpot-kb: packs carry SamKV's side tensors (`kvctl cloud up "
+              "--side-tensors`), as every pack did before that option: a KB ingested then "
+              "is found again with it")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
-            concurrent, kb_base_codec, ingest_actors, **overrides):
+            concurrent, kb_base_codec, ingest_actors, side_tensors, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
     a later run into the same OUT pays only for the methods it adds; an unfinished cell's
@@ -328,7 +332,7 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
                    concurrent=concurrent, kb_base_codec=kb_base_codec,
-                   ingest_actors=ingest_actors,
+                   ingest_actors=ingest_actors, side_tensors=side_tensors,
                    ceilings=out / "ceilings.jsonl",
                    partial=out / "partial.jsonl", services=out / "services")
     try:

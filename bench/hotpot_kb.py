@@ -46,7 +46,7 @@ class Services:
     would."""
 
     def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool,
-                 actors: int = 1):
+                 actors: int = 1, side_tensors: bool = False):
         from kvedge.cloud.gateway import GatewayConfig, serve_local
         from kvedge.common.net.cloud_client import CloudClient
         from kvedge.edge.engine import EdgeEngine
@@ -56,7 +56,7 @@ class Services:
         self.root, self.loaded = Path(root), loaded
         self.server, _, address, token = serve_local(GatewayConfig(
             self.root / "cloud", model=model, segment_tokens=segment_tokens, anchored=anchored,
-            actors=actors))
+            actors=actors, side_tensors=side_tensors))
         self.cloud = CloudClient(address, token)
         self.cache = PackCache(self.root / "edge" / "packs", loaded.fingerprint)
         self.fetcher = Fetcher(self.cloud, self.cache)
@@ -186,9 +186,12 @@ class KBs:
     hotpot-kb cells)."""
 
     def __init__(self, root: Path, model: str, loaded, segment_tokens: int, anchored: bool,
-                 base_codec: str = "", actors: int = 1):
+                 base_codec: str = "", actors: int = 1, side_tensors: bool = False):
         self.root, self.model, self.loaded = Path(root), model, loaded
         self.settings = {"segment_tokens": segment_tokens, "anchored": anchored}
+        self.side_tensors = side_tensors
+        if not side_tensors:  # in the KB's name only when off: KBs made before had them
+            self.settings["side_tensors"] = False
         self.actors = actors  # the gateway's prefill actors (one thread each)
         self.base_codec = base_codec  # '': each codec uploaded; else variants of this upload
         self._services: Services | None = None
@@ -206,7 +209,8 @@ class KBs:
     def _started(self) -> Services:
         if self._services is None:
             self._services = Services(self.root / self.loaded.fingerprint[:16], self.model,
-                                      self.loaded, **self.settings, actors=self.actors)
+                                      self.loaded, self.settings["segment_tokens"],
+                                      self.settings["anchored"], self.actors, self.side_tensors)
         return self._services
 
     def close(self) -> None:

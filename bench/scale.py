@@ -117,8 +117,9 @@ class InProcessPool:
     def segment(self, files, segment_tokens, whole):
         return self.engine.segment(files, segment_tokens, whole)
 
-    def encode_all(self, segments, namespace, codec, anchored=False):
-        return (self.engine.encode(s, namespace, codec, anchored) for s in segments)
+    def encode_all(self, segments, namespace, codec, anchored=False, side_tensors=True):
+        return (self.engine.encode(s, namespace, codec, anchored, side_tensors)
+                for s in segments)
 
 
 @dataclass

@@ -94,6 +94,8 @@ class Bench:
     kb_base_codec: str = ""             # hotpot-kb: upload once in this codec, each cell's
     #                                     codec a variant of it made by a batch job
     #                                     ('': an upload per codec; kvedge.bench.hotpot_kb)
+    side_tensors: bool = False          # hotpot-kb: the gateway's packs carry SamKV's side
+    #                                     tensors (`kvctl cloud up --side-tensors`)
     ingest_actors: int = 1              # hotpot-kb: the gateway's prefill actors, a thread
     #                                     each (2 on 2 cores: paragraphs are short, and two
     #                                     single-threaded prefills beat one on two threads)
@@ -122,7 +124,8 @@ class Bench:
         self._partial = CeilingStore(self.partial) if self.partial else None
         self.kbs = KBs(self.services or Path(self._folder.name) / "services", self.model,
                        self.prefill.loaded, self.segment_tokens, self.anchored,
-                       self.kb_base_codec, self.ingest_actors)  # hotpot-kb's
+                       self.kb_base_codec, self.ingest_actors,
+                       self.side_tensors)  # hotpot-kb's
 
     # ------------------------------------------------------------------ packs
 

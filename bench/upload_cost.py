@@ -4,7 +4,9 @@ pack's bytes go (K/V codes, quantization scales, side tensors, container).
 
     python -m kvedge.bench.upload_cost int8+zstd int4+zstd "kvtc:bits=3,embed=false"
 
-Defaults: the bundled KB (apps/demo_kb), 512-token segments (the gateway's default).
+Defaults: the bundled KB (apps/demo_kb), 512-token segments and packs without SamKV's side
+tensors (the gateway's defaults; `--side-tensors` adds them, as `kvctl cloud up
+--side-tensors` does).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kb", type=Path, default=DEMO_KB, help="a folder of .md/.txt files")
     ap.add_argument("--segment-tokens", type=int, default=512)
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--side-tensors", action="store_true",
+                    help="packs carry SamKV's query cache and block summaries")
     args = ap.parse_args(argv)
     engine = PrefillEngine(args.model)
     files = {p.name: p.read_text() for p in sorted(args.kb.iterdir())
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     for codec in args.codecs:
         start = time.perf_counter()
-        packs = [engine.encode(s, "default", codec) for s in segments]
+        packs = [engine.encode(s, "default", codec, side_tensors=args.side_tensors)
+                 for s in segments]
         size = sum(len(p.data) for p in packs)
         tokens = sum(p.n_tokens for p in packs)
         fp16 = engine.kv_shape.fp16_bytes(tokens)

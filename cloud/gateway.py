@@ -48,6 +48,14 @@ class GatewayConfig:
     # prefill each segment behind the chat prefix, keeping only its KV (docs/design.md,
     # decision 9); off: anchored packs showed no gain over packs prefilled alone (docs/reuse.md)
     anchored: bool = False
+    # SamKV's side tensors (the pooled local query, Eq. 1, and block summaries) in every pack:
+    # off, because every upload paid for them — 43 KB a pack on Qwen2.5-0.5B (24 layers × 14
+    # query heads × 64 × fp16) plus 6 KB per 64 tokens, 7 % of an int8+zstd upload of
+    # HotpotQA paragraphs and ~15 % of a 4× codec's — for a strategy that is not the default.
+    # Without them SamKV derives the summaries from the keys (as over evicted packs) and
+    # scores without Eq. 1's local term, as its `bias=false` does: on SmolLM2 that answered 4
+    # of 100 questions against 2 with it (docs/reuse.md). On for a gateway serving SamKV.
+    side_tensors: bool = False
 
     def __post_init__(self):
         self.data_dir = Path(self.data_dir)
@@ -198,8 +206,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
         try:
             identity = self.pool.identity()
             segments = self.pool.segment(texts, seg_tokens, whole)
-            keys = {s.index: prefill_key(identity, ns, codec, self.config.anchored, s.token_ids)
-                    for s in segments}
+            keys = {s.index: prefill_key(identity, ns, codec, self.config.anchored, s.token_ids,
+                                         self.config.side_tensors) for s in segments}
             held = self.catalog.held(ns, name, keys, self.store.exists)
             rows = [SegmentRecord(s.index, held[s.index].pack_id, held[s.index].pack_bytes,
                                   held[s.index].n_tokens, s.source)
@@ -211,7 +219,8 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                          len(rows), len(segments))
             self.catalog.set_progress(ns, name, BASE, "ingesting", done=len(rows),
                                       total=len(segments))
-            encoded = self.pool.encode_all(todo, ns, codec, anchored=self.config.anchored)
+            encoded = self.pool.encode_all(todo, ns, codec, anchored=self.config.anchored,
+                                           side_tensors=self.config.side_tensors)
             for done, enc in enumerate(encoded, len(rows) + 1):
                 install_transforms(enc)
                 self.store.put(enc.pack_id, enc.data)

@@ -29,15 +29,17 @@ class TextSegment:
 
 
 def prefill_key(identity: dict, namespace: str, codec: str, anchored: bool,
-                token_ids: list[int]) -> str:
+                token_ids: list[int], side_tensors: bool = True) -> str:
     """What a segment's pack is a function of — the model and tokenizer (`identity`, the
     prefill pool's), the namespace the pack records, the codec spec, whether it was prefilled
-    behind the chat prefix, and its tokens — hashed: two segments with one key get the same
-    pack, so an ingest reuses a pack its namespace already holds for that key
-    (`Catalog.prefilled`) instead of prefilling again. The segment's file and index are not in
-    it: a pack does not record them."""
+    behind the chat prefix, whether it carries SamKV's side tensors, and its tokens — hashed:
+    two segments with one key get the same pack, so an ingest reuses a pack its namespace
+    already holds for that key (`Catalog.prefilled`) instead of prefilling again. The
+    segment's file and index are not in it: a pack does not record them. Side tensors enter
+    the key only when off: every pack made before the option had them, and keeps its key."""
+    parts = [] if side_tensors else [{"side_tensors": False}]
     return _key(identity["fingerprint"], identity["tokenizer_id"], namespace, codec,
-                bool(anchored), list(token_ids))
+                bool(anchored), list(token_ids), *parts)
 
 
 PREFILL_KEY_VERSION = 1  # raise when what a pack holds changes without its format version

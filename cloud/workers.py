@@ -87,9 +87,9 @@ class PrefillEngine:
                              detokenize=tok.decode)
 
     def encode(self, segment: TextSegment, namespace: str, codec: str,
-               anchored: bool = False) -> EncodedSegment:
+               anchored: bool = False, side_tensors: bool = True) -> EncodedSegment:
         """Prefill one segment (alone from position 0, or behind the chat prefix) and encode
-        its pre-RoPE KV as a pack."""
+        its pre-RoPE KV as a pack (with SamKV's side tensors, or without: `side_tensors`)."""
         from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.format import encode_pack
@@ -97,7 +97,8 @@ class PrefillEngine:
 
         ctx = segment_context(self.rt, segment.token_ids, fingerprint=self.loaded.fingerprint,
                               tokenizer_id=self.loaded.tokenizer_id, namespace=namespace,
-                              anchor=self.anchor if anchored else None)
+                              anchor=self.anchor if anchored else None,
+                              side_tensors=side_tensors)
         data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
         return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
                               transforms=self._unshipped(data))
@@ -183,7 +184,7 @@ class PrefillPool:
         return ray.get(self._ensure()[0].segment.remote(files, segment_tokens, whole))
 
     def encode_all(self, segments: list[TextSegment], namespace: str, codec: str,
-                   anchored: bool = False):
+                   anchored: bool = False, side_tensors: bool = True):
         """Yield EncodedSegments as actors finish them (round-robin over actors)."""
         import ray
 
@@ -191,7 +192,7 @@ class PrefillPool:
         pending = []
         for seg in segments:
             actor = actors[self._next % len(actors)]
-            pending.append(actor.encode.remote(seg, namespace, codec, anchored))
+            pending.append(actor.encode.remote(seg, namespace, codec, anchored, side_tensors))
             self._next += 1
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

@@ -2,10 +2,11 @@
 what the cloud's prefill computes before its codec quantizes it into the pack — the same code,
 `kvedge.common.pack.prefill`, which the cloud's `PrefillEngine.encode` runs: the segment's ids
 from position 0, alone, or, where its pack says it was anchored (docs/design.md, decision 9),
-at positions P.. behind the P tokens of the chat prefix, keeping the segment's KV only; then
-the same side tensors (block summaries of every 64 tokens, the mean pre-RoPE query of the last
-QUERY_CACHE_TOKENS). The edge's chat prefix is the cloud's anchor by construction (both are
-`chat_turn(tokenizer)`'s prefix), and its KV is already prefilled (`EdgeEngine.prefix_keys`).
+at positions P.. behind the P tokens of the chat prefix, keeping the segment's KV only; then,
+where its pack has them, the same side tensors (block summaries of every 64 tokens, the mean
+pre-RoPE query of the last QUERY_CACHE_TOKENS). The edge's chat prefix is the cloud's anchor
+by construction (both are `chat_turn(tokenizer)`'s prefix), and its KV is already prefilled
+(`EdgeEngine.prefix_keys`).
 The token ids are the pack manifest's own, kept in the local index by the syncer
 (`edge.sync.encode_ids`), never the text tokenized again: a decode → encode round trip can
 give other ids.
@@ -52,6 +53,7 @@ class LocalSegment:
     token_ids: list[int]
     namespace: str
     anchored: bool
+    side_tensors: bool
     prefill: "LocalPrefill"
 
     @property
@@ -72,22 +74,24 @@ class LocalPrefill:
     def segment(self, namespace: str, meta: dict) -> LocalSegment:
         """The stand-in for a local manifest's segment (it has `token_ids`)."""
         return LocalSegment(meta["pack_id"], decode_ids(meta["token_ids"]), namespace,
-                            bool(meta.get("anchored")), self)
+                            bool(meta.get("anchored")), bool(meta.get("side_tensors")), self)
 
     def context(self, rt, seg: LocalSegment) -> KVContext:
         """The segment's KVContext: kept from an earlier answer, or prefilled now (timed)."""
         ctx = self.computed.get(seg.pack_id)
         if ctx is None:
-            ctx = self._timed(rt, seg.token_ids, seg.namespace, seg.anchored)
+            ctx = self._timed(rt, seg.token_ids, seg.namespace, seg.anchored, seg.side_tensors)
             self.computed.put(seg.pack_id, ctx, context_nbytes(ctx))
             self.prefills += 1
         return ctx
 
-    def _timed(self, rt, token_ids: list[int], namespace: str, anchored: bool) -> KVContext:
+    def _timed(self, rt, token_ids: list[int], namespace: str, anchored: bool,
+               side_tensors: bool = False) -> KVContext:
         start = time.perf_counter()
         ctx = segment_context(rt, token_ids, fingerprint=self.fingerprint,
                               tokenizer_id=self.tokenizer_id, namespace=namespace,
-                              anchor=self.anchor if anchored else None)
+                              anchor=self.anchor if anchored else None,
+                              side_tensors=side_tensors)
         if ctx.keys[0][0].is_cuda:  # the kernels were only queued
             torch.cuda.synchronize()
         self.meter.add(len(token_ids), time.perf_counter() - start)

@@ -36,7 +36,9 @@ from kvedge.edge.fetcher import Fetcher, FetchStopped
 
 log = logging.getLogger("kvedge.sync")
 INDEX_FETCHES = 4  # FetchHeads calls (or, from an older gateway, ranged reads) at once
-INDEXED = ("text", "transforms", "token_ids", "anchored")  # what a segment's pack manifest gives
+# what a segment's pack manifest gives: its text, transforms, token ids, whether it was
+# prefilled behind the chat prefix and whether it carries SamKV's side tensors
+INDEXED = ("text", "transforms", "token_ids", "anchored", "side_tensors")
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,8 @@ class Syncer:
             index[pid] = {"text": self.detokenize(manifest.token_ids),
                           "transforms": sorted(referenced_transforms(manifest)),
                           "token_ids": encode_ids(manifest.token_ids),
-                          "anchored": bool(manifest.anchor)}
+                          "anchored": bool(manifest.anchor),
+                          "side_tensors": bool(manifest.side)}
         return index
 
     def _cached_manifest(self, pack_id: str):

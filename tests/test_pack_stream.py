@@ -15,14 +15,17 @@ def chunks(data: bytes, size: int):
 
 
 def assert_equal(a, b):
-    """Bit for bit: every tensor, position and side tensor."""
+    """Bit for bit: every tensor, position and side tensor (where the packs have them)."""
     assert (a.token_ids, a.positions, a.segments, a.namespace, a.anchor, a.block_size) == \
         (b.token_ids, b.positions, b.segments, b.namespace, b.anchor, b.block_size)
+    side = [key for key in ("block_summaries", "query_cache") if getattr(a, key) is not None]
+    assert side == [key for key in ("block_summaries", "query_cache")
+                    if getattr(b, key) is not None]
     for layer in range(a.n_layers):
         for x, y in zip(a.keys[layer] + a.values[layer] + a.kept_positions[layer]
-                        + [a.block_summaries[layer], a.query_cache[layer]],
+                        + [getattr(a, key)[layer] for key in side],
                         b.keys[layer] + b.values[layer] + b.kept_positions[layer]
-                        + [b.block_summaries[layer], b.query_cache[layer]]):
+                        + [getattr(b, key)[layer] for key in side], strict=True):
             assert x.dtype == y.dtype and torch.equal(x, y)
 
 

@@ -263,6 +263,31 @@ def test_over_evicted_packs_the_block_summaries_come_from_the_kept_keys():
     assert torch.equal(got, want)
 
 
+def test_over_packs_without_side_tensors_samkv_answers_as_without_eq1s_local_term():
+    """A gateway's default packs carry no side tensors (`GatewayConfig.side_tensors`): SamKV
+    derives the block summaries from the keys and, with no local query, scores with Q_que
+    alone — the logits its `bias=false` gives over packs that carry them. (Blocks of 64
+    tokens, the gateway's: a pack without summaries does not record another block size.)"""
+    from kvedge.common.pack.format import encode_pack
+    from kvedge.common.pack.segment import PackSegment
+
+    rt = tiny_runtime("tiny-llama")
+    sizes = (260, 200, 300)
+    base = prompt(rt, sizes, block=64)
+    bare = prompt(rt, sizes, block=64, queries=False)
+    for doc in bare.segments:
+        doc.block_summaries = None
+    with_side = [PackSegment.open(encode_pack(doc, "int8+zstd")) for doc in base.segments]
+    without = [PackSegment.open(encode_pack(doc, "int8+zstd")) for doc in bare.segments]
+    assert all(seg.query_cache is None and seg.block_summaries is None for seg in without)
+    parts = (base.prefix_ids, base.prefix_keys, base.prefix_values)
+    want, _ = answer_logits(rt, get_strategy("samkv", {"p": 0.5, "bias": False}),
+                            Composed(*parts, with_side, base.question_ids))
+    got, _ = answer_logits(rt, get_strategy("samkv", {"p": 0.5}),
+                           Composed(*parts, without, base.question_ids))
+    assert torch.equal(got, want)
+
+
 def test_quantized_take_equals_indexing_the_dequantized_tensor():
     from kvedge.kernels.quant import quantize
 

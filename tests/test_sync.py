@@ -153,7 +153,7 @@ def test_sync_fetches_verifies_and_writes_the_manifest(cloud, cache, tmp_path, p
                                 "n_tokens": 8, "pack_bytes": len(packs[1]),
                                 "text": detokenize(range(2000, 2008)), "transforms": [],
                                 "token_ids": encode_ids(list(range(2000, 2008))),
-                                "anchored": False}
+                                "anchored": False, "side_tensors": False}
     assert [s["pack_id"] for s in m["segments"]] == ids
 
 

@@ -199,8 +199,9 @@ class OtherMachinePool(LocalPool):
                 os.environ["KVEDGE_HOME"] = self.gateway_home
             yield item
 
-    def encode_all(self, segments, namespace, codec, anchored=False):
-        return self._on_worker(super().encode_all(segments, namespace, codec, anchored))
+    def encode_all(self, segments, namespace, codec, anchored=False, side_tensors=True):
+        return self._on_worker(super().encode_all(segments, namespace, codec, anchored,
+                                                  side_tensors))
 
     def compress_all(self, packs, method, budget, codec, cancelled=None):
         return self._on_worker(super().compress_all(packs, method, budget, codec, cancelled))

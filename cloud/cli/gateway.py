@@ -32,6 +32,9 @@ def cloud_group():
               help="codec of the base pack variant")
 @click.option("--anchored/--alone", default=False, show_default=True,
               help="prefill each segment behind the chat prefix (kept out of the pack) or alone")
+@click.option("--side-tensors/--no-side-tensors", default=False, show_default=True,
+              help="SamKV's query cache and block summaries in every pack (43 KB a pack on "
+              "Qwen2.5-0.5B); without them SamKV scores with the question's query alone")
 @click.option("--actors", default=1, show_default=True, help="prefill actors (one model each)")
 @click.option("--cpus-per-actor", default=None, type=int, help="[default: all CPUs / actors]")
 @click.option("--metrics", "metrics_address", default=None, metavar="HOST:PORT",
@@ -39,8 +42,8 @@ def cloud_group():
               "[default: off]")
 @server_options
 def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_tokens, codec,
-             anchored, actors, cpus_per_actor, metrics_address, tls_mode, tls_cert, tls_key,
-             tls_hosts, tls_client_ca, insecure):
+             anchored, side_tensors, actors, cpus_per_actor, metrics_address, tls_mode,
+             tls_cert, tls_key, tls_hosts, tls_client_ca, insecure):
     """Start the gateway (blocks; Ctrl-C or SIGTERM stops it gracefully, and the Ray it
     started, and exits 0)."""
     import logging
@@ -59,7 +62,7 @@ def cloud_up(data_dir, address, ray_address, store_url, model_name, segment_toke
     cpus = cpus_per_actor or max(1, (os.cpu_count() or 1) // actors)
     config = GatewayConfig(Path(data_dir) if data_dir else home_path("cloud"), store_url,
                            model_name, segment_tokens, codec, actors, cpus,
-                           anchored=anchored)
+                           anchored=anchored, side_tensors=side_tensors)
     tls = server_tls(config.data_dir, address, tls_mode, tls_cert, tls_key, tls_client_ca,
                      tls_hosts)
     check_listen(address, tls, insecure)  # before Ray starts: a refusal costs nothing
