@@ -308,12 +308,21 @@ def bench():
               "does: one ingest for every codec [default: an upload per codec]")
 @click.option("--ingest-actors", type=click.IntRange(1), default=1, show_default=True,
               help="hotpot-kb: prefill actors of the gateway (a thread each; 2 on 2 cores)")
+@click.option("--kb-items", type=click.IntRange(0), default=0, show_default=True,
+              help="hotpot-kb: the KB holds the paragraphs of this many questions and each "
+              "cell asks the first --items of them, so a small run (one at a time, for "
+              "TTFT) asks a large KB; 0: a KB of --items questions. Cells do not record it: "
+              "give such a run its own --out")
+@click.option("--services", "services_dir", type=click.Path(path_type=Path), default=None,
+              help="hotpot-kb: the gateway's and edge's state, kept across runs, so another "
+              "--out finds a KB already ingested [default: OUT/services]")
 @click.option("--side-tensors", is_flag=True,
               help="hotpot-kb: packs carry SamKV's side tensors (`kvctl cloud up "
               "--side-tensors`), as every pack did before that option: a KB ingested then "
               "is found again with it")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
-            concurrent, kb_base_codec, ingest_actors, side_tensors, **overrides):
+            concurrent, kb_base_codec, ingest_actors, kb_items, services_dir, side_tensors,
+            **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
     a later run into the same OUT pays only for the methods it adds; an unfinished cell's
@@ -332,9 +341,9 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
                    concurrent=concurrent, kb_base_codec=kb_base_codec,
-                   ingest_actors=ingest_actors, side_tensors=side_tensors,
+                   ingest_actors=ingest_actors, kb_items=kb_items, side_tensors=side_tensors,
                    ceilings=out / "ceilings.jsonl",
-                   partial=out / "partial.jsonl", services=out / "services")
+                   partial=out / "partial.jsonl", services=services_dir or out / "services")
     try:
         rows = run_grid(p, results, runner.run, codecs=codecs,
                         progress=lambda cells: tqdm(cells, desc="cells"))

@@ -147,12 +147,13 @@ class HotpotKB:
         out.target = self.services.derive(self.name, codec, echo)
         return out
 
-    def items(self, top_k: int, new_tokens) -> list[QAItem]:
-        """One item per question: its documents the texts of the segments the edge retrieves
-        for it, in prompt order (what a recompute answer depends on: the ceiling store's key),
-        `new_tokens(question)` its decode budget (the prompt must fit the window with it)."""
+    def items(self, top_k: int, new_tokens, n: int | None = None) -> list[QAItem]:
+        """One item per question (the first `n`; None: all): its documents the texts of the
+        segments the edge retrieves for it, in prompt order (what a recompute answer depends
+        on: the ceiling store's key), `new_tokens(question)` its decode budget (the prompt
+        must fit the window with it)."""
         out = []
-        for q in self.questions:
+        for q in self.questions[:n]:
             question = as_question(q)
             metas, _ = self.services.engine.pick(self.target, q.question, top_k,
                                                  new_tokens(question))

@@ -94,6 +94,9 @@ class Bench:
     kb_base_codec: str = ""             # hotpot-kb: upload once in this codec, each cell's
     #                                     codec a variant of it made by a batch job
     #                                     ('': an upload per codec; kvedge.bench.hotpot_kb)
+    kb_items: int = 0                   # hotpot-kb: the KB holds the paragraphs of this
+    #                                     many questions and cells ask the first `items` of
+    #                                     them (0: a KB of `items` questions)
     side_tensors: bool = False          # hotpot-kb: the gateway's packs carry SamKV's side
     #                                     tensors (`kvctl cloud up --side-tensors`)
     ingest_actors: int = 1              # hotpot-kb: the gateway's prefill actors, a thread
@@ -239,8 +242,7 @@ class Bench:
 
     def _items(self, cell: Cell) -> list[QAItem]:
         if cell.task == HOTPOT_KB:  # each question's documents: what the edge retrieves
-            kb = self.kbs.get(cell.items, cell.seed, cell.codec)
-            return kb.items(cell.length, self.new_tokens)
+            return self._kb(cell).items(cell.length, self.new_tokens, cell.items)
         return cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
 
     def _run(self, cell: Cell, items: list[QAItem]) -> dict:
@@ -364,13 +366,17 @@ class Bench:
     def _kb_answers(self, cell: Cell, items: list[QAItem], strategy: str,
                     options: dict) -> list[dict]:
         """hotpot-kb: each item's question asked of the cell's KB through the edge."""
-        kb, out = self.kbs.get(cell.items, cell.seed, cell.codec), []
+        kb, out = self._kb(cell), []
         for item in items:
             q, = item.questions
             budget = self.new_tokens(q)
             out.append({**scored(kb.ask(item, strategy, options, budget), q, budget),
                         **self._in_flight()})
         return out
+
+    def _kb(self, cell: Cell):
+        """hotpot-kb: the cell's KB (of `kb_items` questions' paragraphs, at least its own)."""
+        return self.kbs.get(max(cell.items, self.kb_items), cell.seed, cell.codec)
 
     def close(self) -> None:
         """Stop hotpot-kb's gateway and edge, if a cell started them."""

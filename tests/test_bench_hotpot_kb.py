@@ -142,3 +142,33 @@ def test_concurrent_asks_give_the_answers_asked_one_at_a_time(fake_data, tmp_pat
         assert together[method]["questions"] == 4
     rows = [json.loads(line) for line in (tmp_path / "together" / "ceilings.jsonl").open()]
     assert all(r["concurrent"] == 3 for entry in rows for r in entry["rows"])
+
+
+def test_a_small_run_asks_a_large_kb_ingested_under_another_out(fake_data, tmp_path):
+    """--kb-items with --services: a run of 2 questions (its own --out, ceilings measured
+    anew) asks the 4-question KB another run ingested, retrieving over all its paragraphs,
+    and ingests nothing."""
+    from click.testing import CliRunner
+
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    services = tmp_path / "services"
+
+    def run(out, items, *extra):
+        done = CliRunner().invoke(bench, [
+            "run", "--suite", "reuse", "--tasks", "hotpot-kb", "--lengths", "4", "--items",
+            str(items), "--strategies", "recompute,epic", "--model", "tiny-llama",
+            "--max-new-tokens", "3", "--breakdown", "", "--services", str(services),
+            "--out", str(out), *extra])
+        assert done.exit_code == 0, done.output
+        return {r["method"]: r for r in load(out / "results.jsonl")}, done.output
+
+    big, said = run(tmp_path / "big", 4)
+    assert "ingesting 37 paragraphs" in said and not (tmp_path / "big" / "services").exists()
+    small, said = run(tmp_path / "small", 2, "--kb-items", "4")
+    assert "ingesting" not in said  # the 4-question KB, found in --services
+    assert small["epic"]["questions"] == 2 and small["epic"]["ceiling_cached"] == 0
+    # the same KB and prompts: the first 2 questions' answers as in the big run
+    answers = lambda rows: [q["answer"] for q in rows["epic"]["per_question"]]  # noqa: E731
+    assert answers(small) == answers(big)[:2]
