@@ -170,7 +170,9 @@ def test_a_prefill_actor_killed_during_an_ingest_is_restarted_and_the_packs_are_
     assert actor_pid(ray_cloud) != killed
     with engine_alone() as engine:
         segments = engine.segment(MANY, 24, whole=False)
-        reference = [engine.encode(seg, "default", DEFAULT_CODEC).pack_id for seg in segments]
+        side = ray_cloud["gateway"].config.side_tensors  # as the gateway encodes
+        reference = [engine.encode(seg, "default", DEFAULT_CODEC, side_tensors=side).pack_id
+                     for seg in segments]
     assert packs_of(ray_client, "victim") == reference
     check_packs(ray_client, "victim")
 
