@@ -93,6 +93,10 @@ class Prefilled:
     pack_bytes: int
     n_tokens: int
 
+    def record(self, idx: int, source: str) -> SegmentRecord:
+        """This pack as context `idx` (from file `source`) of a KB variant."""
+        return SegmentRecord(idx, self.pack_id, self.pack_bytes, self.n_tokens, source)
+
 
 @dataclass
 class KBRecord:

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvedge.cloud.catalog import BASE, Catalog, Prefilled, SegmentRecord
+from kvedge.cloud.catalog import BASE, Catalog, Prefilled
 from kvedge.cloud.ingest import paragraphs, prefill_key
 from kvedge.cloud.jobs import JobRunner
 from kvedge.cloud.jobs_service import JobsService
@@ -53,8 +53,9 @@ class GatewayConfig:
     # query heads × 64 × fp16) plus 6 KB per 64 tokens, 7 % of an int8+zstd upload of
     # HotpotQA paragraphs and ~15 % of a 4× codec's — for a strategy that is not the default.
     # Without them SamKV derives the summaries from the keys (as over evicted packs) and
-    # scores without Eq. 1's local term, as its `bias=false` does: on SmolLM2 that answered 4
-    # of 100 questions against 2 with it (docs/reuse.md). On for a gateway serving SamKV.
+    # scores without Eq. 1's local term, as its `bias=false` does: on SmolLM2, before the
+    # paper fixes, that answered 4 of 100 questions against 2 with it (docs/reuse.md). On for
+    # a gateway serving SamKV.
     side_tensors: bool = False
 
     def __post_init__(self):
@@ -209,9 +210,7 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
             keys = {s.index: prefill_key(identity, ns, codec, self.config.anchored, s.token_ids,
                                          self.config.side_tensors) for s in segments}
             held = self.catalog.held(ns, name, keys, self.store.exists)
-            rows = [SegmentRecord(s.index, held[s.index].pack_id, held[s.index].pack_bytes,
-                                  held[s.index].n_tokens, s.source)
-                    for s in segments if s.index in held]
+            rows = [held[s.index].record(s.index, s.source) for s in segments if s.index in held]
             todo = [s for s in segments if s.index not in held]
             self.segments_reused += len(rows)
             if rows:
@@ -225,12 +224,10 @@ class Gateway(JobsService, pb_grpc.CloudServicer):
                 install_transforms(enc)
                 self.store.put(enc.pack_id, enc.data)
                 stored.append(enc.pack_id)
-                self.catalog.remember(ns, name, keys[enc.index],
-                                      Prefilled(enc.pack_id, len(enc.data), enc.n_tokens))
+                pack = Prefilled(enc.pack_id, len(enc.data), enc.n_tokens)
+                self.catalog.remember(ns, name, keys[enc.index], pack)
                 self.segments_prefilled += 1
-                src = segments[enc.index].source
-                rows.append(SegmentRecord(enc.index, enc.pack_id, len(enc.data), enc.n_tokens,
-                                          src))
+                rows.append(pack.record(enc.index, segments[enc.index].source))
                 self.catalog.set_progress(ns, name, BASE, "ingesting", done=done,
                                           total=len(segments))
             rows.sort(key=lambda s: s.idx)

@@ -267,8 +267,7 @@ class JobRunner:
                 for s in segments}
         # a context whose pack this job's spec already made is not redone
         held = self.catalog.held(job.namespace, kb, keys, self.store.exists)
-        rows += [SegmentRecord(s.idx, held[s.idx].pack_id, held[s.idx].pack_bytes,
-                               held[s.idx].n_tokens, s.source) for s in segments if s.idx in held]
+        rows += [held[s.idx].record(s.idx, s.source) for s in segments if s.idx in held]
         todo = [s for s in segments if s.idx not in held]
         job.done += len(held)
         self.catalog.put_job(job)
@@ -282,10 +281,9 @@ class JobRunner:
                 install_transforms(outcome)
                 self.store.put(outcome.pack_id, outcome.data)
                 stored.append(outcome.pack_id)
-                self.catalog.remember(job.namespace, kb, keys[idx], Prefilled(
-                    outcome.pack_id, len(outcome.data), outcome.n_tokens))
-                rows.append(SegmentRecord(idx, outcome.pack_id, len(outcome.data),
-                                          outcome.n_tokens, sources[idx]))
+                pack = Prefilled(outcome.pack_id, len(outcome.data), outcome.n_tokens)
+                self.catalog.remember(job.namespace, kb, keys[idx], pack)
+                rows.append(pack.record(idx, sources[idx]))
                 job.compress_s += outcome.seconds
             job.done += 1
             self.catalog.put_job(job)
