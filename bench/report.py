@@ -31,6 +31,7 @@ from typing import NamedTuple
 from kvedge.bench import noninferiority
 from kvedge.bench.datasets import DATASETS
 from kvedge.bench.qa_report import qa_tables
+from kvedge.bench.real import HOTPOT_KB
 from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, codec_of, fewer_bytes
 
 TARGET = (32.0, 0.92)  # ≥ 32× fewer bytes than fp16 KV at ≥ 92 % of full KV's accuracy
@@ -38,6 +39,24 @@ TARGET = (32.0, 0.92)  # ≥ 32× fewer bytes than fp16 KV at ≥ 92 % of full K
 
 def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def largest_runs(rows: list[dict]) -> list[dict]:
+    """Each cell's largest run: rows that differ only in items are one setting asked on a
+    prefix of one seeded question order (a 20-item run's questions are a 100-item run's first
+    20), so pooling them would count those questions twice and a frontier would join them as
+    if they were settings. Keeps the row with the most items; of equals, the later one.
+    hotpot-kb's rows stay apart: its KB is made of its items' paragraphs, so another item
+    count is another KB (its rows do not record `--kb-items`)."""
+    best: dict[tuple, tuple[int, int]] = {}
+    for i, r in enumerate(rows):
+        cell = (r["suite"], r["task"], r["length"], r["method"], r["budget"], r["seed"],
+                codec_of(r), r.get("options") or "", r.get("per_prompt"), r.get("model"),
+                r["items"] if r["task"] == HOTPOT_KB else None)
+        if cell not in best or r["items"] >= best[cell][0]:
+            best[cell] = (r["items"], i)
+    keep = {i for _, i in best.values()}
+    return [r for i, r in enumerate(rows) if i in keep]
 
 
 def _fmt(x, spec=".2f", scale=1.0):
@@ -259,23 +278,30 @@ def frontier(rows: list[dict]) -> list[str]:
 
 
 def tables(rows: list[dict]) -> str:
+    """Markdown: pooled summaries and frontiers over each cell's largest run
+    (`largest_runs`); the per-cell, QA and non-inferiority tables keep every run (theirs are
+    per items)."""
     out = []
+    largest = largest_runs(rows)
     reuse = [r for r in rows if r["suite"] == "reuse"]
     if reuse:
-        out += ["## Reuse strategies (RAG path)", "", "Pooled over tasks:", "",
-                *summary_table(reuse, "strategy", "recompute"), "", "Per cell:", "",
+        pooled = [r for r in largest if r["suite"] == "reuse"]
+        out += ["## Reuse strategies (RAG path)", "",
+                "Pooled over tasks (each cell's largest run):", "",
+                *summary_table(pooled, "strategy", "recompute"), "", "Per cell:", "",
                 *reuse_table(reuse), ""]
         if any(r.get("first_token_s_median_ratio") is not None for r in reuse):
             out += ["## Reuse frontier (accuracy and median TTFT as fractions of recompute's)",
-                    "", *frontier(reuse)]
+                    "", *frontier(pooled)]
     out += qa_tables(rows)
     evict = [r for r in rows if r["suite"] == "evict"]
     if evict:
+        pooled = [r for r in largest if r["suite"] == "evict"]
         out += ["## Eviction methods (KBQA path: compressed once, asked every question)", "",
-                "Pooled over tasks:", "",
-                *summary_table(evict, "method", "full KV", full_kv_acc, with_bytes=True), "",
+                "Pooled over tasks (each cell's largest run):", "",
+                *summary_table(pooled, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
-        points = {k: p for k, p in f1_of_full(rows).items()
+        points = {k: p for k, p in f1_of_full(largest).items()
                   if p.fewer_bytes and p.of_ceiling is not None}
         if points:
             out += ["F1 frontier (real-QA cells, pooled; F1 over fp16 full KV's on the same "
@@ -289,11 +315,13 @@ def tables(rows: list[dict]) -> str:
 
 
 def plots(rows: list[dict], folder: Path) -> list[Path]:
+    """PNGs of each cell's largest run (`largest_runs`) into `folder`; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = largest_runs(rows)
     written = []
     evict = [r for r in rows if r["suite"] == "evict" and r["method"] != "full"]
     if evict:

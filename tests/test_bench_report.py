@@ -2,7 +2,8 @@
 import json
 
 from kvedge.bench.codec_frontier import FRONTIER_BEGIN, FRONTIER_END, write_codec_frontier
-from kvedge.bench.report import evict_table, summary, summary_table, full_kv_acc, write_report
+from kvedge.bench.report import (evict_table, full_kv_acc, largest_runs, summary,
+                                  summary_table, write_report)
 
 
 def row(task, method, budget, codec, score, shipped, *, full, ceiling, fp16, q=4):
@@ -100,3 +101,22 @@ def test_the_f1_frontier_divides_by_the_fp16_full_cell_on_the_same_questions(tmp
     report = write_report(results, tmp_path).read_text()
     assert "| snapkv | 0.1 | int4+zstd | 40.0 | 0.750 |" in report
     assert (tmp_path / "f1_bytes_frontier.png").stat().st_size > 1000
+
+
+def test_pooled_tables_count_a_cell_once_at_its_largest_run(tmp_path):
+    """A cell run at 2 items and again at 6 (the first 2 questions shared) pools the 6-item
+    run alone; the per-cell table keeps both; hotpot-kb's runs of other sizes stay apart
+    (another KB)."""
+    small = row("a", "contrastkv", 0.1, "kvtc:bits=2", 0.2, 5e4, full=0.8, ceiling=0.75,
+                fp16=2e6)
+    large = {**row("a", "contrastkv", 0.1, "kvtc:bits=2", 0.6, 5e4, full=0.8, ceiling=0.75,
+                   fp16=2e6, q=12), "items": 6}
+    assert largest_runs([large, small]) == [large]
+    assert largest_runs([small, large]) == [large]
+    kb = [{**small, "task": "hotpot-kb"}, {**large, "task": "hotpot-kb"}]
+    assert largest_runs(kb) == kb
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in (small, large)))
+    report = write_report(results, tmp_path).read_text()
+    assert "| contrastkv | 0.1 | kvtc:bits=2 | 0.60 | 0.75 | 40.0 | 12 | 1 |" in report
+    assert "| a | 100 | contrastkv | 0.1 | kvtc:bits=2 | 0.20 |" in report  # per cell: both
