@@ -301,7 +301,7 @@ def tables(rows: list[dict]) -> str:
                 "Pooled over tasks (each cell's largest run):", "",
                 *summary_table(pooled, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
-        points = {k: p for k, p in f1_of_full(largest).items()
+        points = {k: p for k, p in f1_of_full(rows).items()
                   if p.fewer_bytes and p.of_ceiling is not None}
         if points:
             out += ["F1 frontier (real-QA cells, pooled; F1 over fp16 full KV's on the same "
@@ -315,15 +315,14 @@ def tables(rows: list[dict]) -> str:
 
 
 def plots(rows: list[dict], folder: Path) -> list[Path]:
-    """PNGs of each cell's largest run (`largest_runs`) into `folder`; returns their paths."""
+    """PNGs into `folder`, each cell at its largest run (`largest_runs`); their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = largest_runs(rows)
     written = []
-    evict = [r for r in rows if r["suite"] == "evict" and r["method"] != "full"]
+    evict = [r for r in largest_runs(rows) if r["suite"] == "evict" and r["method"] != "full"]
     if evict:
         groups = sorted({(r["task"], r["length"]) for r in evict})
         cols = min(3, len(groups))
@@ -352,7 +351,7 @@ def plots(rows: list[dict], folder: Path) -> list[Path]:
         written.append(bytes_frontier_plot(rows, folder / "bytes_frontier.png"))
     if any(p.fewer_bytes for p in f1_of_full(rows).values()):
         written.append(bytes_frontier_plot(rows, folder / "f1_bytes_frontier.png", "f1"))
-    reuse = [r for r in rows if r["suite"] == "reuse"]
+    reuse = [r for r in largest_runs(rows) if r["suite"] == "reuse"]
     if reuse:
         fig, ax = plt.subplots(figsize=(6, 4))
         points = defaultdict(list)
@@ -413,15 +412,16 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
 def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], Pooled]:
     """(method, budget, codec) → Pooled in F1, its ceiling the fp16 full-KV cell's F1 on the
     same questions (same task, length, items, seed and model): real-QA eviction cells that
-    have one, the F1 frontier of issue 30."""
+    have one, the F1 frontier of issue 30; each cell at its largest run (`largest_runs`)
+    against the fp16 full-KV row of that run's items."""
     def group(r: dict) -> tuple:
         return r["task"], r["length"], r["items"], r["seed"], r.get("model")
 
     evict = [r for r in rows if r["suite"] == "evict" and r.get("f1") is not None]
     full = {group(r): r["f1"] for r in evict
             if r["method"] == "full" and codec_of(r) == REFERENCE_CODEC and r["f1"]}
-    return summary([r for r in evict if group(r) in full], lambda r: full[group(r)],
-                   lambda r: r["f1"])
+    return summary([r for r in largest_runs(evict) if group(r) in full],
+                   lambda r: full[group(r)], lambda r: r["f1"])
 
 
 def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Path:
@@ -437,7 +437,7 @@ def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Pa
 
     lines = defaultdict(list)
     pooled = f1_of_full(rows) if metric == "f1" else summary(
-        [r for r in rows if r["suite"] == "evict"], full_kv_acc)
+        largest_runs([r for r in rows if r["suite"] == "evict"]), full_kv_acc)
     for (method, budget, codec), p in pooled.items():
         if p.fewer_bytes and p.of_ceiling is not None:
             lines[(method, codec)].append((p.fewer_bytes, p.of_ceiling, budget))

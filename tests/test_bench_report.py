@@ -2,7 +2,7 @@
 import json
 
 from kvedge.bench.codec_frontier import FRONTIER_BEGIN, FRONTIER_END, write_codec_frontier
-from kvedge.bench.report import (evict_table, full_kv_acc, largest_runs, summary,
+from kvedge.bench.report import (evict_table, f1_of_full, full_kv_acc, largest_runs, summary,
                                   summary_table, write_report)
 
 
@@ -120,3 +120,15 @@ def test_pooled_tables_count_a_cell_once_at_its_largest_run(tmp_path):
     report = write_report(results, tmp_path).read_text()
     assert "| contrastkv | 0.1 | kvtc:bits=2 | 0.60 | 0.75 | 40.0 | 12 | 1 |" in report
     assert "| a | 100 | contrastkv | 0.1 | kvtc:bits=2 | 0.20 |" in report  # per cell: both
+
+
+def test_the_f1_frontier_finds_a_smaller_runs_own_fp16_reference():
+    """A codec run on 2 items keeps its point when fp16 full KV was also run on 6."""
+    def f1_row(codec, items, f1):
+        r = row("a", "full", 1.0, codec, f1, 1e6, full=0.5, ceiling=0.5, fp16=2e6)
+        return {**r, "items": items, "f1": f1}
+
+    rows = [f1_row("fp16", 2, 0.5), f1_row("kvtc:bits=2", 2, 0.4), f1_row("fp16", 6, 0.6)]
+    points = f1_of_full(rows)
+    assert round(points[("full", 1.0, "kvtc:bits=2")].of_ceiling, 3) == 0.8  # 0.4 / 0.5
+    assert points[("full", 1.0, "fp16")].of_ceiling == 1.0
