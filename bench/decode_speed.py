@@ -16,6 +16,11 @@ steps after a warm one:
 - llama.cpp (`llama-cpp-python`, when importable: a reference point, never a dependency of
   the service) decoding the very GGUF file the model was converted from, one token per
   `eval`, on the same threads: the distance to a runtime built for CPU decode.
+
+`--compile` adds the fixed-buffer step (`kvedge.common.model.static_decode.StaticDecode`)
+eager and under `torch.compile` (CPU inductor, weights frozen as constants: gpt-fast's recipe),
+in fp32 and int8 decode weights, with the compile's seconds and the largest |Δlogits| against
+the eager step over 5 greedy steps.
 """
 from __future__ import annotations
 
@@ -75,6 +80,62 @@ def weight_pass_ms(loaded, dtype, repeats: int = 10, n_rows: int = 1) -> float:
     return per_call_s(one_pass, repeats + 1) * 1e3
 
 
+def static_rows(model: str, context: int, steps: int, seed: int = 0) -> dict[str, float]:
+    """ms per token of `StaticDecode.step`, eager and compiled, per decode weights; also the
+    compile's seconds and max |Δlogits| (compiled vs eager) as rows of their own."""
+    import torch
+    import torch._inductor.config as inductor
+
+    from kvedge.common.model.decoding import Decoding, Prompt
+    from kvedge.common.model.models import load_model
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.model.static_decode import StaticDecode
+
+    rt = Runtime(load_model(model))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, rt.config.vocab_size, (context + 1,), generator=gen)
+    pre = rt.prefill(ids[:context], logits="none")
+
+    def fresh() -> StaticDecode:
+        cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=2)
+        state = Decoding.start(rt, Prompt(cache, ids[context:], torch.tensor([context])),
+                               steps + 10)
+        return StaticDecode(rt, state, steps=steps + 10)
+
+    rows = {}
+    with inductor.patch(freezing=True):  # weights as constants: CPU inference's recipe
+        for weights in ("fp32", "int8"):
+            rt.use_decode_weights(weights)
+            rows.update(_compiled_vs_eager(fresh, weights, steps))
+    rt.use_decode_weights("fp32")
+    return rows
+
+
+def _compiled_vs_eager(fresh, weights: str, steps: int) -> dict[str, float]:
+    import time
+
+    import torch
+
+    from kvedge.bench.load import per_call_s
+
+    label = f"static step, {weights}"
+    rows = {f"{label}, eager": per_call_s(fresh().step, steps) * 1e3}
+    start = time.perf_counter()
+    step = torch.compile(fresh().step, dynamic=False)
+    step()
+    rows[f"{label}: compile s"] = time.perf_counter() - start
+    rows[f"{label}, torch.compile"] = per_call_s(step, steps) * 1e3
+    eager, run = fresh(), fresh()
+    step, delta = torch.compile(run.step, dynamic=False), 0.0
+    for _ in range(5):  # the same greedy tokens fed to both
+        want, got = eager.step().clone(), step().clone()
+        delta = max(delta, (want - got).abs().max().item())
+        eager.token.fill_(int(want.argmax()))
+        run.token.fill_(int(want.argmax()))
+    rows[f"{label}: max |Δlogits| compiled vs eager"] = delta
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -88,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=1300)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true",
+                    help="also the fixed-buffer step, eager and under torch.compile")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     costs = decode_costs(args.model, args.context, batches=(1, 4), steps=args.steps)
@@ -99,10 +162,12 @@ def main(argv: list[str] | None = None) -> None:
         ms = llamacpp_ms(loaded.source, args.context, args.steps, args.threads)
         rows["llama.cpp, the same GGUF" if ms else
              "llama.cpp: not measured (pip install llama-cpp-python)"] = ms or float("nan")
+    if args.compile:
+        rows.update(static_rows(args.model, args.context, args.steps))
     print(f"{args.model}, {args.context}-token cache, {args.threads} threads")
     print("| path | ms per token |\n|---|---|")
     for name, ms in rows.items():
-        print(f"| {name} | {ms:.1f} |")
+        print(f"| {name} | {ms:.3g} |" if "Δ" in name else f"| {name} | {ms:.1f} |")
     print("| weights, one row | ms per pass |\n|---|---|")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         print(f"| {str(dtype).removeprefix('torch.')} | {weight_pass_ms(loaded, dtype):.1f} |")

@@ -9,3 +9,13 @@ def test_every_decode_path_and_weight_precision_is_timed(capsys):
                 "| 8 |",
                 "batch of 4, int8 weights"):
         assert row in out, out
+
+
+def test_the_static_step_is_timed_eager_and_compiled():
+    from kvedge.bench.decode_speed import static_rows
+
+    rows = static_rows("tiny-llama", context=16, steps=2)
+    for weights in ("fp32", "int8"):
+        assert rows[f"static step, {weights}, eager"] > 0
+        assert rows[f"static step, {weights}, torch.compile"] > 0
+        assert rows[f"static step, {weights}: max |Δlogits| compiled vs eager"] < 1.0
