@@ -377,6 +377,7 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
     """Accuracy / recompute vs median TTFT / recompute (log), one point per strategy
     setting, one panel per task × length; a strategy's ratios are one line (labelled with
     the ratio), its other options separate lines."""
+    import matplotlib
     import matplotlib.pyplot as plt
 
     groups = _groups(rows)
@@ -399,6 +400,10 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
                                 textcoords="offset points")
         ax.axhline(1.0, color="grey", linewidth=0.6, linestyle=":")
         ax.set_xscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")  # 0.3, not 3×10⁻¹
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="x", which="minor", labelsize=6)
         unit = "documents" if group[0]["task"] in DATASETS else "tokens"
         ax.set(title=f"{task}: {length} {unit}, {max(r['questions'] for r in group)} questions",
                xlabel="median TTFT / recompute (log)", ylabel="accuracy / recompute")
