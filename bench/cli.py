@@ -311,8 +311,8 @@ def bench():
 @click.option("--kb-items", type=click.IntRange(0), default=0, show_default=True,
               help="hotpot-kb: the KB holds the paragraphs of this many questions and each "
               "cell asks the first --items of them, so a small run (one at a time, for "
-              "TTFT) asks a large KB; 0: a KB of --items questions. Cells do not record it: "
-              "give such a run its own --out")
+              "TTFT) asks a large KB; 0: a KB of --items questions. Cells record it (their "
+              "key ends /kbN)")
 @click.option("--services", "services_dir", type=click.Path(path_type=Path), default=None,
               help="hotpot-kb: the gateway's and edge's state, kept across runs, so another "
               "--out finds a KB already ingested [default: OUT/services]")
@@ -333,7 +333,8 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     from kvedge.bench.report import write_report
     from kvedge.bench.suites import Bench
 
-    p = apply_overrides(preset("quick" if quick else preset_name, model), **overrides)
+    p = replace(apply_overrides(preset("quick" if quick else preset_name, model), **overrides),
+                kb_items=kb_items)
     if breakdown:
         _check_names(None, None, [breakdown])
     out = Path(out_dir)
@@ -341,7 +342,7 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
                    concurrent=concurrent, kb_base_codec=kb_base_codec,
-                   ingest_actors=ingest_actors, kb_items=kb_items, side_tensors=side_tensors,
+                   ingest_actors=ingest_actors, side_tensors=side_tensors,
                    ceilings=out / "ceilings.jsonl",
                    partial=out / "partial.jsonl", services=services_dir or out / "services")
     try:

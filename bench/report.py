@@ -46,13 +46,13 @@ def largest_runs(rows: list[dict]) -> list[dict]:
     prefix of one seeded question order (a 20-item run's questions are a 100-item run's first
     20), so pooling them would count those questions twice and a frontier would join them as
     if they were settings. Keeps the row with the most items; of equals, the later one.
-    hotpot-kb's rows stay apart: its KB is made of its items' paragraphs, so another item
-    count is another KB (its rows do not record `--kb-items`)."""
+    hotpot-kb's rows are one cell only over one KB (`kb_items`, else their own items'
+    paragraphs): another KB retrieves other paragraphs."""
     best: dict[tuple, tuple[int, int]] = {}
     for i, r in enumerate(rows):
         cell = (r["suite"], r["task"], r["length"], r["method"], r["budget"], r["seed"],
                 codec_of(r), r.get("options") or "", r.get("per_prompt"), r.get("model"),
-                r["items"] if r["task"] == HOTPOT_KB else None)
+                (r.get("kb_items") or r["items"]) if r["task"] == HOTPOT_KB else None)
         if cell not in best or r["items"] >= best[cell][0]:
             best[cell] = (r["items"], i)
     keep = {i for _, i in best.values()}

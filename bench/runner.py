@@ -19,10 +19,11 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from kvedge.bench.real import HOTPOT_KB
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
 KVPRESS = "kvpress-"  # prefix of kvpress's presses (evict suite; kvedge.bench.kvpress_ref)
@@ -44,6 +45,8 @@ class Cell:
     options: str = ""           # the strategy's other options, "name=value,..." (reuse)
     per_prompt: int | None = None  # questions per fact prompt (None: the dataset's
     #                                QUESTIONS_PER_PROMPT; other tasks: always None)
+    kb_items: int = 0  # hotpot-kb: the KB holds this many questions' paragraphs, more than
+    #                    `items` (0: the KB of its own items)
 
     @property
     def key(self) -> str:
@@ -51,6 +54,8 @@ class Cell:
                f"{self.items}/{self.seed}/{self.codec}")
         if self.per_prompt:  # other prompts, other questions: other cells
             key = f"{key}/{self.per_prompt}-per-prompt"
+        if self.kb_items:  # a larger KB retrieves other paragraphs: another cell
+            key = f"{key}/kb{self.kb_items}"
         return f"{key}/{self.options}" if self.options else key  # older keys stay valid
 
     def option_values(self) -> dict[str, str]:
@@ -76,17 +81,20 @@ class Preset:
     sweeps: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per strategy:
     #   option → values, crossed; its "ratio" list replaces `ratios` for that strategy
     per_prompt: int | None = None  # questions per fact prompt (None: QUESTIONS_PER_PROMPT)
+    kb_items: int = 0  # hotpot-kb: a KB of this many questions' paragraphs (Cell.kb_items)
 
     def cells(self, *codecs: str) -> list[Cell]:
         """Every cell, each setting crossed with every codec (default: DEFAULT_CODEC) —
         kvpress's presses once, at the first: they never read our packs."""
         codecs = codecs or (DEFAULT_CODEC,)
-        cells = [c for p in self.also for c in p.cells(*codecs)]
+        cells = [c for p in self.also for c in replace(p, kb_items=p.kb_items or self.kb_items)
+                 .cells(*codecs)]
         for task, length in itertools.product(self.reuse_tasks, self.reuse_lengths):
             per_prompt = fact_prompt_size(task, self.per_prompt)
+            kb_items = self.kb_items if task == HOTPOT_KB and self.kb_items > self.items else 0
             for method, codec in itertools.product(self.strategies, codecs):
                 cells += [Cell("reuse", task, length, method, r, self.items, codec=codec,
-                               options=o, per_prompt=per_prompt)
+                               options=o, per_prompt=per_prompt, kb_items=kb_items)
                           for r, o in settings(method, self.ratios, self.sweeps.get(method, {}))]
         for task, length, method in itertools.product(self.evict_tasks, self.evict_lengths,
                                                       self.methods):

@@ -94,9 +94,6 @@ class Bench:
     kb_base_codec: str = ""             # hotpot-kb: upload once in this codec, each cell's
     #                                     codec a variant of it made by a batch job
     #                                     ('': an upload per codec; kvedge.bench.hotpot_kb)
-    kb_items: int = 0                   # hotpot-kb: the KB holds the paragraphs of this
-    #                                     many questions and cells ask the first `items` of
-    #                                     them (0: a KB of `items` questions)
     side_tensors: bool = False          # hotpot-kb: the gateway's packs carry SamKV's side
     #                                     tensors (`kvctl cloud up --side-tensors`)
     ingest_actors: int = 1              # hotpot-kb: the gateway's prefill actors, a thread
@@ -376,7 +373,7 @@ class Bench:
 
     def _kb(self, cell: Cell):
         """hotpot-kb: the cell's KB (of `kb_items` questions' paragraphs, at least its own)."""
-        return self.kbs.get(max(cell.items, self.kb_items), cell.seed, cell.codec)
+        return self.kbs.get(max(cell.items, cell.kb_items), cell.seed, cell.codec)
 
     def close(self) -> None:
         """Stop hotpot-kb's gateway and edge, if a cell started them."""

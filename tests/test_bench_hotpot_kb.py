@@ -169,6 +169,7 @@ def test_a_small_run_asks_a_large_kb_ingested_under_another_out(fake_data, tmp_p
     small, said = run(tmp_path / "small", 2, "--kb-items", "4")
     assert "ingesting" not in said  # the 4-question KB, found in --services
     assert small["epic"]["questions"] == 2 and small["epic"]["ceiling_cached"] == 0
+    assert small["epic"]["key"].endswith("/kb4") and small["epic"]["kb_items"] == 4
     # the same KB and prompts: the first 2 questions' answers as in the big run
     answers = lambda rows: [q["answer"] for q in rows["epic"]["per_question"]]  # noqa: E731
     assert answers(small) == answers(big)[:2]

@@ -105,8 +105,7 @@ def test_the_f1_frontier_divides_by_the_fp16_full_cell_on_the_same_questions(tmp
 
 def test_pooled_tables_count_a_cell_once_at_its_largest_run(tmp_path):
     """A cell run at 2 items and again at 6 (the first 2 questions shared) pools the 6-item
-    run alone; the per-cell table keeps both; hotpot-kb's runs of other sizes stay apart
-    (another KB)."""
+    run alone; the per-cell table keeps both; hotpot-kb's runs over other KBs stay apart."""
     small = row("a", "contrastkv", 0.1, "kvtc:bits=2", 0.2, 5e4, full=0.8, ceiling=0.75,
                 fp16=2e6)
     large = {**row("a", "contrastkv", 0.1, "kvtc:bits=2", 0.6, 5e4, full=0.8, ceiling=0.75,
@@ -115,6 +114,8 @@ def test_pooled_tables_count_a_cell_once_at_its_largest_run(tmp_path):
     assert largest_runs([small, large]) == [large]
     kb = [{**small, "task": "hotpot-kb"}, {**large, "task": "hotpot-kb"}]
     assert largest_runs(kb) == kb
+    asked_of_the_large_kb = {**small, "task": "hotpot-kb", "kb_items": 6}  # --kb-items 6
+    assert largest_runs([asked_of_the_large_kb, kb[1]]) == [kb[1]]
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in (small, large)))
     report = write_report(results, tmp_path).read_text()

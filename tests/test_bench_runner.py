@@ -342,6 +342,8 @@ def test_settings_cross_swept_options_and_name_their_cells():
     assert cell.key.endswith("/int8+zstd/boundary=0.1") and cell.option_values() == {
         "boundary": "0.1"}
     assert Cell("reuse", "t", 3, "a3", 0.15, 1).key == "reuse/t/3/a3/0.15/1/0/int8+zstd"
+    assert Cell("reuse", "t", 3, "a3", 0.15, 1, kb_items=300).key == \
+        "reuse/t/3/a3/0.15/1/0/int8+zstd/kb300"
     p = apply_overrides(preset("reuse", "tiny-llama"), ratios=[0.2],
                         sweeps={"sparsex": {"boundary": [0.3]}})
     assert {(c.method, c.budget, c.options) for c in p.cells()
