@@ -5,13 +5,13 @@
 
 - **The cloud**: a gateway in this process (`cloud.gateway.serve`, the real service: upload,
   ingest, catalog, store, FetchPack) whose prefill pool runs `cloud.workers.PrefillEngine` in
-  this process instead of in Ray actors (`InProcessPool`; `PrefillPool` is a thin Ray shim
-  over the same engine). Why not Ray: 20,000 segments through one actor on a 2-core machine
-  shared with other work is Ray's per-task overhead and a second model copy for nothing, and
-  the engine's torch on 2 threads under load ran ~13x slower than on 1 (0.54 against 0.041 s
-  a 128-token segment of `tiny-llama`). Every pack is a real pack: the model's prefill of
-  its segment, encoded with the KB's codec, content-addressed, stored and published by the
-  gateway's own ingest.
+  this process instead of in Ray actors (`kvedge.cloud.workers.LocalPool`; `PrefillPool`
+  is a thin Ray shim over the same engine). Why not Ray: 20,000 segments through one actor
+  on a 2-core machine shared with other work is Ray's per-task overhead and a second model
+  copy for nothing, and the engine's torch on 2 threads under load ran ~13x slower than on
+  1 (0.54 against 0.041 s a 128-token segment of `tiny-llama`). Every pack is a real pack:
+  the model's prefill of its segment, encoded with the KB's codec, content-addressed, stored
+  and published by the gateway's own ingest.
 - **The corpus**: one paragraph a segment, "Record r01234x: " and 14 words drawn from a
   3,000-word vocabulary (each fits one `--segment-tokens` segment with the byte tokenizer of
   the tiny models). A question names one record and two of its words, so BM25 ranks the
@@ -102,26 +102,6 @@ def workload(n_records: int, n_questions: int, hot: int = HOT_QUESTIONS,
 
 # ------------------------------------------------------------------ the cloud
 
-class InProcessPool:
-    """`cloud.workers.PrefillPool`'s calls on one `PrefillEngine` in this process (see the
-    module's docstring for why not Ray)."""
-
-    def __init__(self, model: str, threads: int = 1):
-        from kvedge.cloud.workers import PrefillEngine
-
-        self.engine = PrefillEngine(model, threads)
-
-    def identity(self) -> dict:
-        return self.engine.identity()
-
-    def segment(self, files, segment_tokens, whole):
-        return self.engine.segment(files, segment_tokens, whole)
-
-    def encode_all(self, segments, namespace, codec, anchored=False, side_tensors=True):
-        return (self.engine.encode(s, namespace, codec, anchored, side_tensors)
-                for s in segments)
-
-
 @dataclass
 class Cloud:
     server: object
@@ -135,9 +115,11 @@ class Cloud:
 
 def start_cloud(data: Path, model: str, segment_tokens: int) -> Cloud:
     from kvedge.cloud.gateway import GatewayConfig, serve
+    from kvedge.cloud.workers import LocalPool, PrefillEngine
 
     config = GatewayConfig(data, model=model, segment_tokens=segment_tokens)
-    server, gateway, port = serve(config, "127.0.0.1:0", pool=InProcessPool(model))
+    pool = LocalPool(PrefillEngine(model, 1))  # one thread: see the module's docstring
+    server, gateway, port = serve(config, "127.0.0.1:0", pool=pool)
     return Cloud(server, gateway, f"127.0.0.1:{port}",
                  (config.data_dir / "admin.token").read_text().strip())
 

@@ -231,6 +231,40 @@ class PrefillPool:
         self._actors = None
 
 
+class LocalPool:
+    """PrefillPool's calls on one PrefillEngine in this process, one segment after another:
+    for benchmarks and tests that serve a gateway without Ray (PrefillPool is a thin Ray
+    shim over the same engine calls)."""
+
+    def __init__(self, engine: PrefillEngine):
+        self.engine = engine
+
+    def identity(self) -> dict:
+        return self.engine.identity()
+
+    def segment(self, files, segment_tokens, whole):
+        return self.engine.segment(files, segment_tokens, whole)
+
+    def encode_all(self, segments: list[TextSegment], namespace: str, codec: str,
+                   anchored: bool = False, side_tensors: bool = True):
+        return (self.engine.encode(s, namespace, codec, anchored, side_tensors)
+                for s in segments)
+
+    def compress_all(self, packs: list[tuple[int, bytes]], method: str, budget: float,
+                     codec: str, cancelled=None):
+        """As PrefillPool's: (index, EncodedSegment | Exception) per context, in order."""
+        for index, data in packs:
+            if cancelled is not None and cancelled.is_set():
+                return
+            try:
+                yield index, self.engine.compress(index, data, method, budget, codec)
+            except Exception as err:  # noqa: BLE001 - reported per context
+                yield index, err
+
+    def shutdown(self) -> None:
+        pass
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join a cluster, or start Ray in-process with the dashboard off (embedded default)."""
     import ray

@@ -6,7 +6,7 @@ import torch
 from kvedge.cloud.catalog import BASE
 from kvedge.cloud.gateway import Gateway, GatewayConfig
 from kvedge.cloud.ingest import TextSegment
-from kvedge.cloud.workers import PrefillEngine, chat_prefix_ids
+from kvedge.cloud.workers import LocalPool, PrefillEngine, chat_prefix_ids
 from kvedge.common.pack.prefill import QUERY_CACHE_TOKENS
 from kvedge.common.pack.format import read_pack
 
@@ -68,30 +68,6 @@ def test_the_anchor_is_the_edges_chat_prefix_so_a_first_segment_is_exact(engine)
         logits[name] = out.logits[-len(composed.question_ids):]
     assert (logits["pie"] - logits["recompute"]).abs().max() <= 1e-4
     assert (logits["pie-alone"] - logits["recompute"]).abs().max() > 1e-3
-
-
-class LocalPool:
-    """PrefillPool's calls run in-process on one engine (the Ray layer is a thin shim)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def identity(self):
-        return self.engine.identity()
-
-    def segment(self, files, segment_tokens, whole):
-        return self.engine.segment(files, segment_tokens, whole)
-
-    def encode_all(self, segments, namespace, codec, anchored=False, side_tensors=True):
-        return (self.engine.encode(s, namespace, codec, anchored, side_tensors)
-                for s in segments)
-
-    def compress_all(self, packs, method, budget, codec, cancelled=None):
-        for index, data in packs:
-            try:
-                yield index, self.engine.compress(index, data, method, budget, codec)
-            except Exception as err:  # noqa: BLE001 - reported per context, as Ray's pool does
-                yield index, err
 
 
 @pytest.mark.parametrize("anchored", [False, True])

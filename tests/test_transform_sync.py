@@ -2,7 +2,7 @@
 loopback, an edge whose home holds no transform, its real Syncer — the transform arrives over
 FetchTransform, verified, and an answer decodes; a tampered one is refused, nothing installed.
 
-The gateway prefills in-process (test_anchored's LocalPool: the Ray layer is a thin shim), so
+The gateway prefills in-process (`kvedge.cloud.workers.LocalPool`: the Ray layer is a thin shim), so
 cloud and edge share this process and each gets its own KVEDGE_HOME. A tiny random model and
 a short calibration text keep it fast. Which transforms a pack needs is read from its
 manifest, under any stage (the last test).
@@ -29,7 +29,7 @@ from kvedge.edge.engine import EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.server import serve as serve_edge
 from kvedge.edge.sync import Syncer, Target
-from test_anchored import LocalPool
+from kvedge.cloud.workers import LocalPool
 
 MODEL = "tiny-llama"
 TARGET = Target("default", "lean")
