@@ -176,7 +176,7 @@ class HotpotKB:
                 "recomputed": done.recomputed_tokens, "prompt_tokens": done.prompt_tokens,
                 "kv_bytes": done.kv_bytes, "sequence_ratio": done.sequence_ratio,
                 "shipped_bytes": done.bytes_loaded, "fp16_bytes": done.fp16_bytes,
-                "documents": len(done.segments),
+                "documents": len(done.segments), "ask_phases": done.phases,
                 "gold_retrieved": len({self.titles.get(s) for s in sources}
                                       & set(question.needed_docs))}
 

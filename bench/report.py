@@ -264,6 +264,31 @@ def breakdown_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def ask_phases_table(rows: list[dict]) -> list[str]:
+    """hotpot-kb: each setting's TTFT on the product path by phase (medians, ms; the ask's
+    ASK_PHASES), the ceiling's (recompute's) from its cells' `ceiling_ask_phases`."""
+    lines, seen = [], set()
+    for r in sorted(rows, key=lambda r: (task_label(r), r["length"], r["items"], setting(r))):
+        settings = [(setting(r), r.get("ask_phases"))]
+        group = (task_label(r), r["length"], r["items"], r.get("kb_items"), codec_of(r))
+        if r.get("ceiling_ask_phases") and group not in seen:
+            seen.add(group)
+            settings.insert(0, ("recompute (the ceiling)", r["ceiling_ask_phases"]))
+        for label, b in settings:
+            if not b or label == "recompute":
+                continue
+            parts = [b["retrieve_s"], b["packs_s"], b["queued_s"], b["model_s"]]
+            lines.append("| " + " | ".join(map(str, [
+                task_label(r), r["length"], r["items"], codec_of(r), label,
+                *(_fmt(x, ".0f", 1e3) for x in parts), _fmt(sum(parts), ".0f", 1e3),
+                _fmt(b.get("first_token_s"), ".0f", 1e3), b["questions"]])) + " |")
+    if not lines:
+        return []
+    head = ["task", "top-k", "items", "codec", "setting", "retrieval", "packs", "queued",
+            "model (plan to first token)", "sum", "TTFT", "q"]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines]
+
+
 def frontier(rows: list[dict]) -> list[str]:
     out = []
     for task, length in _groups(rows):
@@ -293,6 +318,11 @@ def tables(rows: list[dict]) -> str:
         if any(r.get("first_token_s_median_ratio") is not None for r in reuse):
             out += ["## Reuse frontier (accuracy and median TTFT as fractions of recompute's)",
                     "", *frontier(pooled)]
+    phases = ask_phases_table([r for r in largest if r["suite"] == "reuse"])
+    if phases:
+        out += ["## TTFT on the product path by phase (hotpot-kb; medians, ms)", "",
+                "Each phase's median on its own, so the sum is not the median TTFT.", "",
+                *phases, ""]
     out += qa_tables(rows)
     evict = [r for r in rows if r["suite"] == "evict"]
     if evict:

@@ -50,6 +50,7 @@ from kvedge.bench.tasks import Question
 from kvedge.bench.ttft import ttft_phases
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.edge import DEFAULT_STRATEGY
+from kvedge.edge.engine import ASK_PHASES
 
 CEILING = {"reuse": ("recompute", 1.0), "evict": ("full", 1.0)}
 SEGMENT_TOKENS = 512   # the gateway's default ingest segment (GatewayConfig.segment_tokens)
@@ -628,6 +629,17 @@ def breakdown(outcomes: list[dict]) -> dict | None:
             "engine_first_token_s": _median(timed, "first_token_s"), "questions": len(timed)}
 
 
+def ask_phases(rows: list[dict]) -> dict | None:
+    """hotpot-kb: medians over the questions of where each ask's TTFT went on the product
+    path (`EdgeEngine.ask`'s ASK_PHASES: retrieval, packs, the scheduler's queue, the
+    model), with the median TTFT beside them (None where no row has them)."""
+    timed = [r for r in rows if r.get("ask_phases")]
+    if not timed:
+        return None
+    return {**{k: median(r["ask_phases"][k] for r in timed) for k in ASK_PHASES},
+            "first_token_s": _median(timed, "first_token_s"), "questions": len(timed)}
+
+
 def against_full(row: dict, reference: list[dict]) -> dict:
     """An eviction cell's accuracy beside full KV uncompressed's on the same questions."""
     full = _mean(reference, "score")
@@ -683,6 +695,7 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
     out["ceiling_cached"] = sum(bool(c.get("cached")) for c in ceilings)
     out["resumed"] = sum(bool(o.get("resumed")) for o in outcomes)
     out["breakdown"] = breakdown(outcomes)
+    out["ask_phases"], out["ceiling_ask_phases"] = ask_phases(outcomes), ask_phases(ceilings)
     out["per_question"] = [{k: o.get(k) for k in PER_QUESTION} for o in outcomes]
     out["answers"] = [r["answer"] for r in outcomes][:20]
     return out

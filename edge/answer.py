@@ -62,10 +62,12 @@ class Answer(Job):
         super().__init__(deadline, alive)
         self.composed, self.strategy, self.max_new_tokens = composed, strategy, max_new_tokens
         self.sampler, self.started, self.plan = sampler, start, None
+        self.began = start  # when the scheduler started it (`start`)
         self.text = Transcript(tok, stop)
         self.sessions, self.reused = sessions, 0  # a conversation's prefix KV comes from it
 
     def start(self, rt) -> Decoding:
+        self.began = time.perf_counter()  # out of the scheduler's queue
         self.composed = resolve(rt, self.composed)  # segments chosen to be computed: now
         if self.sessions is not None:  # on the model's thread: it may prefill new turns
             kv = self.sessions.kv(rt, self.composed.prefix_ids)
@@ -85,5 +87,6 @@ class Answer(Job):
         if rest := self.text.stops.flush():
             self.put(rest)
         self.put({**self.text.costs(self.started, self.plan, self.composed),
+                  "started_s": self.began - self.started,
                   "session_reused": self.reused, "decode_steps": self.decoding.steps,
                   "drafted": self.decoding.drafted, "accepted": self.decoding.accepted})

@@ -90,6 +90,15 @@ class AskResult:
     computed_segments: list[int] = field(default_factory=list)
     # per segment, the KB variant its pack came from ("": the KB's own; edge.variants)
     variants: list[str] = field(default_factory=list)
+    # where ttft_s went, in seconds summing to it (`ASK_PHASES`)
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+# An ask's time to its first token, phase by phase (AskResult.phases): BM25 retrieval and the
+# prompt's fit; the segments' packs read from the edge's cache, fetched or chosen to compute
+# (an arriving pack's rest is read inside the model's time); waiting for the scheduler; the
+# model's own part: the strategy's plan (its recompute) to the first token's pick.
+ASK_PHASES = ("retrieve_s", "packs_s", "queued_s", "model_s")
 
 
 @dataclass
@@ -306,6 +315,7 @@ class EdgeEngine:
         prefix, dropped, kept = self.prefix(chat, sum(m["n_tokens"] for m in metas), question,
                                             max_new_tokens)
         metas = self._variants(target, metas)
+        marks = {"retrieved": time.perf_counter()}
 
         def job(composed: Composed) -> Answer:
             if prefix is not None:
@@ -317,7 +327,7 @@ class EdgeEngine:
 
         with self.cache.hold(m["pack_id"] for m in metas):
             event = yield from self._run(target, metas, question, chosen.block_granular, job,
-                                         below, instruction)
+                                         below, instruction, marks)
         if keep:
             self.keep_turn(kept, event["answer"])
         yield AskResult(
@@ -333,7 +343,8 @@ class EdgeEngine:
             draft_tokens=event["drafted"], accepted_tokens=event["accepted"],
             fetched_segments=event["fetched_segments"],
             computed_segments=event["computed_segments"],
-            variants=[m.get("variant", "") for m in metas])
+            variants=[m.get("variant", "") for m in metas],
+            phases=_phases(start, marks, event))
 
     def prefix(self, chat: Conversation, context_tokens: int, question: str,
                max_new_tokens: int) -> tuple[list[int] | None, int, Conversation]:
@@ -362,11 +373,13 @@ class EdgeEngine:
         self.scheduler.when_idle(lambda rt: self.sessions.kv(rt, ids))
 
     def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
-             below: list[dict], instruction: str = INSTRUCTION):
+             below: list[dict], instruction: str = INSTRUCTION, marks: dict | None = None):
         """Yield the answer's pieces; return its costs dict. Damage found in a pack while the
         answer decodes its rows (block-granular strategies decode them in the scheduler,
         before the first token) drops that pack; with a fetcher, and no text sent yet, the
-        pack is fetched again and the answer run once more."""
+        pack is fetched again and the answer run once more. `marks["packs"]` gets the time
+        the last attempt's segments were ready."""
+        marks = {} if marks is None else marks
         # with the scheduler idle, the first attempt computes on packs as they arrive; what
         # goes wrong with an arriving pack sends the ask down the blocking path, which heals
         overlap = self.overlap and self.scheduler.in_flight == 0
@@ -382,6 +395,7 @@ class EdgeEngine:
                 overlap = self._blocking_after(target, err)
                 continue
             overlap = overlap and any(isinstance(seg, ArrivingSegment) for seg in segments)
+            marks["packs"] = time.perf_counter()
             composed = self.compose(segments, question, instruction)
             self._offer(target, sourced.computed + below)  # a computed segment's pack too
             try:
@@ -593,3 +607,11 @@ def default_kv_budget(device) -> int | None:
         log.warning("free memory unknown on this system: answers are admitted without a KV "
                     "budget (set kvedge serve --kv-budget)")
         return None
+
+
+def _phases(start: float, marks: dict, event: dict) -> dict[str, float]:
+    """ASK_PHASES from the ask's clock marks and its answer's costs (times from `start`)."""
+    retrieved, packs = marks["retrieved"] - start, marks["packs"] - start
+    began = event.get("started_s", packs)
+    return {"retrieve_s": retrieved, "packs_s": packs - retrieved, "queued_s": began - packs,
+            "model_s": event["first_token_s"] - began}

@@ -22,7 +22,7 @@ from kvedge.common.model.models import load_model
 from kvedge.common.net.proto import kvedge_pb2 as pb
 from kvedge.common.net.proto import kvedge_pb2_grpc as pb_grpc
 from kvedge.common.net.rpc import channel, metadata
-from kvedge.edge.engine import AskResult, EdgeEngine
+from kvedge.edge.engine import ASK_PHASES, AskResult, EdgeEngine
 from kvedge.edge.packcache import PackCache
 from kvedge.edge.scheduler import Job
 from kvedge.edge.server import serve
@@ -195,7 +195,22 @@ def comparable(events):
     done = events[-1]
     assert isinstance(done, AskResult)
     return events[:-1], {k: v for k, v in vars(done).items()
-                         if k not in ("ttft_s", "tpot_s", "draft_tokens", "accepted_tokens")}
+                         if k not in ("ttft_s", "tpot_s", "phases", "draft_tokens",
+                                      "accepted_tokens")}
+
+
+def test_an_asks_phases_sum_to_its_time_to_first_token(engine):
+    """AskResult.phases: retrieval, packs, the scheduler's queue and the model's part, each
+    ≥ 0, adding up to ttft_s, alone and with asks beside it."""
+    def ask(question):
+        *_, done = engine.ask(Target("default", "facts"), question, max_new_tokens=4)
+        return done
+
+    for done in [ask(QUESTIONS[0]), *concurrently(ask, QUESTIONS)]:
+        assert tuple(done.phases) == ASK_PHASES
+        assert min(done.phases.values()) >= 0
+        assert sum(done.phases.values()) == pytest.approx(done.ttft_s, abs=1e-6)
+        assert done.phases["model_s"] > 0 and done.phases["retrieve_s"] > 0
 
 
 @pytest.mark.parametrize("strategy,kb", [("a3", "facts"), ("recompute", "facts"),

@@ -72,6 +72,9 @@ def test_hotpot_kb_asks_through_the_services_and_a_rerun_pays_only_for_the_new_s
     assert set(epic["intervals"]) == {"score", "em", "f1", "contain"}
     assert epic["first_token_s_median_ratio"] is not None
     assert rows["recompute"]["intervals"]["f1"]["diff"][0] == 0.0  # its own ceiling
+    phases = epic["ask_phases"]  # where the product path's TTFT went, medians
+    assert phases["questions"] == 3 and phases["model_s"] > 0 and phases["retrieve_s"] > 0
+    assert epic["ceiling_ask_phases"]["questions"] == 3  # recompute's, through the edge too
 
     rows, said = run("recompute,epic,legolink")  # only legolink is new
     assert "ingesting" not in said  # the KB was found ready in OUT/services
@@ -80,6 +83,9 @@ def test_hotpot_kb_asks_through_the_services_and_a_rerun_pays_only_for_the_new_s
     assert ("### hotpot-kb @ top-4 of the KB, 3 items (seed 0); recompute's answers of 3 "
             "questions read from an earlier run") in report
     assert "| legolink |" in report
+    assert "## TTFT on the product path by phase" in report
+    assert "| hotpot-kb | 4 | 3 | int8+zstd | recompute (the ceiling) |" in report
+    assert "| hotpot-kb | 4 | 3 | int8+zstd | legolink |" in report
 
 
 def test_codecs_as_variants_of_one_upload(fake_data, tmp_path):
