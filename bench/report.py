@@ -309,8 +309,8 @@ def tables(rows: list[dict]) -> str:
     out = []
     largest = largest_runs(rows)
     reuse = [r for r in rows if r["suite"] == "reuse"]
+    pooled = [r for r in largest if r["suite"] == "reuse"]
     if reuse:
-        pooled = [r for r in largest if r["suite"] == "reuse"]
         out += ["## Reuse strategies (RAG path)", "",
                 "Pooled over tasks (each cell's largest run):", "",
                 *summary_table(pooled, "strategy", "recompute"), "", "Per cell:", "",
@@ -318,7 +318,7 @@ def tables(rows: list[dict]) -> str:
         if any(r.get("first_token_s_median_ratio") is not None for r in reuse):
             out += ["## Reuse frontier (accuracy and median TTFT as fractions of recompute's)",
                     "", *frontier(pooled)]
-    phases = ask_phases_table([r for r in largest if r["suite"] == "reuse"])
+    phases = ask_phases_table(pooled)
     if phases:
         out += ["## TTFT on the product path by phase (hotpot-kb; medians, ms)", "",
                 "Each phase's median on its own, so the sum is not the median TTFT.", "",

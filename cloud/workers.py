@@ -261,9 +261,6 @@ class LocalPool:
             except Exception as err:  # noqa: BLE001 - reported per context
                 yield index, err
 
-    def shutdown(self) -> None:
-        pass
-
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join a cluster, or start Ray in-process with the dashboard off (embedded default)."""

@@ -373,13 +373,12 @@ class EdgeEngine:
         self.scheduler.when_idle(lambda rt: self.sessions.kv(rt, ids))
 
     def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
-             below: list[dict], instruction: str = INSTRUCTION, marks: dict | None = None):
+             below: list[dict], instruction: str, marks: dict):
         """Yield the answer's pieces; return its costs dict. Damage found in a pack while the
         answer decodes its rows (block-granular strategies decode them in the scheduler,
         before the first token) drops that pack; with a fetcher, and no text sent yet, the
         pack is fetched again and the answer run once more. `marks["packs"]` gets the time
         the last attempt's segments were ready."""
-        marks = {} if marks is None else marks
         # with the scheduler idle, the first attempt computes on packs as they arrive; what
         # goes wrong with an arriving pack sends the ask down the blocking path, which heals
         overlap = self.overlap and self.scheduler.in_flight == 0
@@ -612,6 +611,6 @@ def default_kv_budget(device) -> int | None:
 def _phases(start: float, marks: dict, event: dict) -> dict[str, float]:
     """ASK_PHASES from the ask's clock marks and its answer's costs (times from `start`)."""
     retrieved, packs = marks["retrieved"] - start, marks["packs"] - start
-    began = event.get("started_s", packs)
+    began = event["started_s"]
     return {"retrieve_s": retrieved, "packs_s": packs - retrieved, "queued_s": began - packs,
             "model_s": event["first_token_s"] - began}
