@@ -9,7 +9,8 @@ from kvedge.common.errors import KvedgeError
 from kvedge.common.pack import (KVContext, ModelMismatch, PackCorrupt, block_summaries,
                                 encode_pack, open_pack, read_pack, realign_pack, write_pack)
 from kvedge.common.pack.container import HEADER_SIZE, manifest_json, read_header
-from kvedge.common.pack.manifest import Manifest
+from kvedge.common.pack import format as format_module
+from kvedge.common.pack.manifest import Manifest, kv_name
 from kvedge.common.pack.context import ragged_block_summaries
 from kvedge.common.pack.errors import PackError, PackVersionError
 from kvedge.kernels.rope import rope_reference
@@ -68,6 +69,34 @@ def test_roundtrip(tmp_path, codec, atol, shape):
     back = read_pack(tmp_path / "p.kvpack", model_fingerprint=FP)
     assert_same(ctx, back, atol)
     assert open_pack(tmp_path / "p.kvpack").id == pid
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int8+zstd", "int4", "int3+zstd", "kivi+zstd",
+                                   "cachegen+zstd", "kvtc"])
+@pytest.mark.parametrize("shape", ["dense", "ragged"])
+def test_a_pack_decoded_whole_is_each_tensor_decoded_alone(codec, shape):
+    """`Pack.context` dequantizes a pack's pieces of one layout together; every tensor is
+    still, to the bit, what decoding it alone gives."""
+    ctx = make_context() if shape == "dense" else ragged(make_context())
+    pack = open_pack(encode_pack(ctx, codec))
+    whole = pack.context()
+    for layer in range(L):
+        for h in range(H):
+            for kind, heads in (("k", whole.keys), ("v", whole.values)):
+                alone = pack.tensor(kv_name(kind, layer, h))
+                assert alone.dtype == heads[layer][h].dtype and torch.equal(alone, heads[layer][h])
+        assert torch.equal(whole.query_cache[layer], pack.tensor(f"qcache.{layer}"))
+
+
+def test_a_batch_that_fails_decodes_tensor_by_tensor(monkeypatch):
+    """Pieces that pass their own checks but fail dequantized together: the tensors are
+    decoded one by one instead, so the one at fault is named (`Pack.tensor`)."""
+    pack = open_pack(encode_pack(make_context(), "int8"))
+
+    def fails(stored):
+        raise RuntimeError("shapes disagree")
+    monkeypatch.setattr(format_module, "decode_tensors", fails)
+    assert torch.equal(pack.context().keys[1][0], pack.tensor("k.1.0"))
 
 
 def test_content_address_is_canonical():

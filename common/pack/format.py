@@ -19,8 +19,8 @@ import torch
 import zstandard
 
 from kvedge.common.fsutil import write_atomic
-from kvedge.common.pack.codecs import (DEFAULT_CODEC, Codec, FloatCodec, Piece, Role,
-                                       get_codec)
+from kvedge.common.pack.codecs import (DEFAULT_CODEC, FLOAT_DTYPES, Codec, FloatCodec, Piece,
+                                       Role, decode_tensors, get_codec)
 from kvedge.common.pack.container import (Container, RawPart, assemble, lay_out,
                                           open_container, pack_id, parse_safetensors,
                                           tensor_checksum)
@@ -157,6 +157,30 @@ class Pack:
         """One decoded tensor, in the dtype it was encoded from."""
         return self._decode(name, lambda codec, parts, params: codec.decode(parts, params))
 
+    def tensors(self, names: list[str]) -> list[torch.Tensor]:
+        """Several decoded tensors, each to the bit as `tensor` decodes it, their quantized
+        pieces dequantized together (`decode_tensors`). Whatever fails is PackCorrupt naming
+        the tensor it hit."""
+        stored = [self._decode(name, _stored) for name in names]
+        try:
+            rows = decode_tensors(stored)
+        except _DECODE_ERRORS:  # pieces that pass their checks but not together: find which
+            return [self.tensor(name) for name in names]
+        out = []
+        for name, x in zip(names, rows):
+            with _decoding(name):
+                out.append(x.reshape(self.manifest.tensors[name].params["shape"]))
+        return out
+
+    def tensor_names(self) -> list[str]:
+        """The pack's tensors in the order `context` decodes them: keys layer by layer and
+        head by head, values the same, then each side tensor layer by layer."""
+        m = self.manifest
+        return [kv_name(kind, layer, head) for kind in ("k", "v") for layer in range(m.n_layers)
+                for head in range(m.n_kv_heads)] + \
+            [f"{prefix}.{layer}" for key, prefix in SIDE if key in m.side
+             for layer in range(m.n_layers)]
+
     def _decode(self, name: str, how):
         return decode_parts(self.manifest, name, self.container.tensor_parts(name),
                             cached_codec(self._codecs, self.manifest.tensors[name].codec), how)
@@ -164,12 +188,13 @@ class Pack:
     def context(self) -> KVContext:
         """Decode everything (each tensor verified), then the bytes no tensor owns."""
         m = self.manifest
-        heads = {kind: [[self.tensor(kv_name(kind, layer, head)) for head in range(m.n_kv_heads)]
-                        for layer in range(m.n_layers)] for kind in ("k", "v")}
-        side = {key: [self.tensor(f"{prefix}.{layer}") for layer in range(m.n_layers)]
-                for key, prefix in SIDE if key in m.side}
+        decoded = iter(self.tensors(self.tensor_names()))
+        keys = [[next(decoded) for _ in range(m.n_kv_heads)] for _ in range(m.n_layers)]
+        values = [[next(decoded) for _ in range(m.n_kv_heads)] for _ in range(m.n_layers)]
+        side = {key: [next(decoded) for _ in range(m.n_layers)]
+                for key, _ in SIDE if key in m.side}
         self.container.verify_payload()
-        return build_context(m, heads["k"], heads["v"], side)
+        return build_context(m, keys, values, side)
 
 
 def check_model(manifest: Manifest, model_fingerprint: str | None) -> None:
@@ -199,6 +224,11 @@ def decode_parts(manifest: Manifest, name: str, verified: list[tuple[str, RawPar
     with _decoding(name):
         _check_params(manifest, name, entry)
         return how(codec, parts, entry.params)
+
+
+def _stored(codec: Codec, parts: dict, params: dict) -> tuple[list[Piece], torch.dtype]:
+    """A tensor's pieces and the dtype it was encoded from (what `decode` casts them to)."""
+    return codec.pieces(parts, params), FLOAT_DTYPES[params["dtype"]]
 
 
 def _check_params(manifest: Manifest, name: str, entry: TensorEntry) -> None:

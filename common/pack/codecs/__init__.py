@@ -18,7 +18,7 @@ DEFAULT_CODEC = "int8+zstd"
 _EXPORTS = {
     "CODECS": "specs", "STAGES": "specs", "Codec": "base", "Role": "base", "Piece": "base",
     "Parts": "base", "FLOAT_DTYPES": "base", "take_rows": "base",
-    "decode_pieces": "base", "piece_rows": "base",
+    "decode_pieces": "base", "decode_tensors": "base", "piece_rows": "base",
     "FloatCodec": "floats", "IntCodec": "kivi", "quantized_piece": "kivi",
     "CacheGen": "cachegen", "Zstd": "zstd", "Kvtc": "kvtc", "codec_for_model": "specs",
     "get_codec": "specs", "codec_names": "specs", "parse_spec": "specs", "split_specs": "specs",

@@ -10,6 +10,7 @@ pays after quantization.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,14 +56,14 @@ class Zstd(Codec):
     def _inner_parts(self, parts, params) -> dict:
         """The inner codec's parts, each decompressed (bounded by the tensor's size)."""
         budget = 8 * math.prod(params["shape"]) + 4096  # no garbage param can allocate more
-        dctx = zstandard.ZstdDecompressor()
+        dctx = _decompressor()
         inner = {}
         for name, (dtype_name, shape, frames) in params["layout"].items():
             dtype = _PART_DTYPES[dtype_name]
             size = dtype.itemsize * math.prod(shape)
             if size > budget or len(frames) != dtype.itemsize:
                 raise ValueError(f"part {name}: {size} bytes in {len(frames)} planes do not fit")
-            data = parts[name].numpy().tobytes()
+            data = memoryview(parts[name].numpy())  # zstd reads it in place
             if sum(frames) != len(data):
                 raise ValueError(f"part {name}: frames {frames} do not add up to {len(data)}")
             planes, start = [], 0
@@ -77,6 +78,17 @@ class Zstd(Codec):
         return inner
 
 
+_THREAD = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor: making one per tensor was a third of a pack's entropy
+    decoding (bench/pack_read.py), and one must not serve two threads at once."""
+    if not hasattr(_THREAD, "dctx"):
+        _THREAD.dctx = zstandard.ZstdDecompressor()
+    return _THREAD.dctx
+
+
 def to_planes(t: torch.Tensor) -> list[bytes]:
     """Byte i of every element of t, for each i: one plane per byte of the dtype."""
     raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().reshape(-1, t.element_size())
@@ -88,7 +100,8 @@ def from_planes(raw: bytes, dtype: torch.dtype, shape) -> torch.Tensor:
     if not raw:
         return torch.empty(shape, dtype=dtype)
     planes = np.frombuffer(raw, np.uint8).reshape(dtype.itemsize, -1)
-    return torch.from_numpy(planes.T.copy()).view(dtype).reshape(shape)
+    rows = planes.T.copy() if dtype.itemsize > 1 else planes[0].copy()
+    return torch.from_numpy(rows).view(dtype).reshape(shape)
 
 
 def bytes_tensor(data: bytes) -> torch.Tensor:
