@@ -69,7 +69,7 @@ def stages(path: Path) -> dict[str, float]:
     """Seconds of each stage of a whole-pack read of `path` (the last: the read's whole time
     less the others)."""
     from kvedge.common.pack.codecs import decode_tensors
-    from kvedge.common.pack.format import _stored, open_pack, read_pack
+    from kvedge.common.pack.format import open_pack, read_pack, stored_pieces
 
     t0 = time.perf_counter()
     pack = open_pack(path)
@@ -78,7 +78,7 @@ def stages(path: Path) -> dict[str, float]:
     for name in names:
         pack.container.tensor_parts(name)
     t2 = time.perf_counter()
-    stored = [pack._decode(name, _stored) for name in names]  # checksums again, subtracted
+    stored = [pack._decode(name, stored_pieces) for name in names]  # checksums again: less t2-t1
     t3 = time.perf_counter()
     decode_tensors(stored)
     t4 = time.perf_counter()

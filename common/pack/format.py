@@ -20,7 +20,7 @@ import zstandard
 
 from kvedge.common.fsutil import write_atomic
 from kvedge.common.pack.codecs import (DEFAULT_CODEC, FLOAT_DTYPES, Codec, FloatCodec, Piece,
-                                       Role, decode_tensors, get_codec)
+                                       Role, decode_pieces, decode_tensors, get_codec)
 from kvedge.common.pack.container import (Container, RawPart, assemble, lay_out,
                                           open_container, pack_id, parse_safetensors,
                                           tensor_checksum)
@@ -161,16 +161,8 @@ class Pack:
         """Several decoded tensors, each to the bit as `tensor` decodes it, their quantized
         pieces dequantized together (`decode_tensors`). Whatever fails is PackCorrupt naming
         the tensor it hit."""
-        stored = [self._decode(name, _stored) for name in names]
-        try:
-            rows = decode_tensors(stored)
-        except _DECODE_ERRORS:  # pieces that pass their checks but not together: find which
-            return [self.tensor(name) for name in names]
-        out = []
-        for name, x in zip(names, rows):
-            with _decoding(name):
-                out.append(x.reshape(self.manifest.tensors[name].params["shape"]))
-        return out
+        return decode_together(self.manifest, names,
+                               [self._decode(name, stored_pieces) for name in names])
 
     def tensor_names(self) -> list[str]:
         """The pack's tensors in the order `context` decodes them: keys layer by layer and
@@ -226,9 +218,31 @@ def decode_parts(manifest: Manifest, name: str, verified: list[tuple[str, RawPar
         return how(codec, parts, entry.params)
 
 
-def _stored(codec: Codec, parts: dict, params: dict) -> tuple[list[Piece], torch.dtype]:
-    """A tensor's pieces and the dtype it was encoded from (what `decode` casts them to)."""
+def stored_pieces(codec: Codec, parts: dict, params: dict) -> tuple[list[Piece], torch.dtype]:
+    """A tensor's pieces and the dtype it was encoded from (what `decode` casts them to): a
+    `how` for `decode_parts`, whose results `decode_together` decodes."""
     return codec.pieces(parts, params), FLOAT_DTYPES[params["dtype"]]
+
+
+def decode_together(manifest: Manifest, names: list[str],
+                    stored: list[tuple[list[Piece], torch.dtype]]) -> list[torch.Tensor]:
+    """The tensors `names`, given as their pieces and stored dtypes (`stored_pieces`), each
+    decoded to the bit as `Codec.decode` would and shaped as its params say, their quantized
+    pieces of one layout dequantized together (`decode_tensors`). Pieces that passed their
+    own checks yet fail together are decoded tensor by tensor, so the failure names its
+    tensor (PackCorrupt)."""
+    try:
+        rows = decode_tensors(stored)
+    except _DECODE_ERRORS:
+        rows = []
+        for name, (pieces, dtype) in zip(names, stored):
+            with _decoding(name):
+                rows.append(decode_pieces(pieces, dtype))
+    out = []
+    for name, x in zip(names, rows):
+        with _decoding(name):
+            out.append(x.reshape(manifest.tensors[name].params["shape"]))
+    return out
 
 
 def _check_params(manifest: Manifest, name: str, entry: TensorEntry) -> None:

@@ -33,7 +33,7 @@ from kvedge.common.pack.container import (HEADER_SIZE, RawPart, open_container, 
 from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import (SIDE, Pack, build_context, cached_codec, check_model,
-                                       decode_parts)
+                                       decode_parts, decode_together, stored_pieces)
 from kvedge.common.pack.manifest import Manifest, kv_name
 
 
@@ -113,18 +113,20 @@ class PackStream:
         return True
 
     def _decode_ready(self) -> list[Layer]:
-        """Verify and decode every tensor whose bytes are all in; the layers completed."""
-        done = []
+        """Verify every tensor whose bytes are all in, decode them together
+        (`decode_together`: one dequantization per layout); the layers completed."""
+        names, stored = [], []
         while self._next < len(self._spans) and self._spans[self._next].nbytes <= len(self._buf):
             span = self._spans[self._next]
-            self._tensors[span.name] = self._tensor(span)
+            names.append(span.name)
+            stored.append(self._stored(span))
             self._next += 1
-            layer = _last_of_layer(self.manifest, span.name)
-            if layer is not None:
-                done.append(self._layer(layer))
-        return done
+        self._tensors.update(zip(names, decode_together(self.manifest, names, stored)))
+        completed = (_last_of_layer(self.manifest, name) for name in names)
+        return [self._layer(layer) for layer in completed if layer is not None]
 
-    def _tensor(self, span: _Span) -> torch.Tensor:
+    def _stored(self, span: _Span) -> tuple:
+        """One tensor's bytes taken off the buffer and verified: its pieces and stored dtype."""
         raw = bytes(self._buf[:span.nbytes])
         del self._buf[:span.nbytes]
         self._payload.update(raw)
@@ -136,7 +138,7 @@ class PackStream:
         if tensor_checksum(span.name, entry.codec, entry.params, parts) != entry.checksum:
             raise PackCorrupt("checksum mismatch", span.name)
         return decode_parts(self.manifest, span.name, parts,
-                            cached_codec(self._codecs, entry.codec))
+                            cached_codec(self._codecs, entry.codec), stored_pieces)
 
     def _layer(self, layer: int) -> Layer:
         heads = range(self.manifest.n_kv_heads)
