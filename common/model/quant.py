@@ -25,9 +25,12 @@ Decisions, and why:
   but measured no faster per row on two cores here, and loses more.
 - **Row-invariant.** The kernel gives each row the same bits whatever the row count (checked
   1–16 rows in tests), so steps with int8 weights are batch-invariant without padding rows.
-- **Fallback.** The kernel needs K (the input width) a multiple of 8 (it crashed the process
-  at K = 4 and 20); such a weight keeps the dequantized torch reference, the same numbers up
-  to the summation order. A model on another device than the CPU is refused: the reference
+- **Fallback.** The kernel reads K (the input width) a vector at a time with no tail: it
+  crashed the process at K = 4 and 20 on an AVX2 machine, and at every K ≡ 8 (mod 16) — 8,
+  24, 40, …, 136 — on an AVX-512 one (2026-11-26), where K = 16, 32, 48, … and 1–255 output
+  rows ran. So only weights with K a multiple of `KERNEL_K` (32: the widest vector's 16 fp32
+  lanes, twice, for CPUs not yet seen; every real model's widths are multiples of 64) use it;
+  any other keeps the dequantized torch reference, the same numbers up to the summation order. A model on another device than the CPU is refused: the reference
   would dequantize every weight on every step there.
 """
 from __future__ import annotations
@@ -41,6 +44,10 @@ from kvedge.common.errors import InvalidOption
 from kvedge.common.model.models import DECODE_WEIGHTS as FORMATS
 
 
+# The input widths the CPU kernel is trusted with: multiples of this (see Fallback above).
+KERNEL_K = 32
+
+
 class Int8Weight:
     """A 2-D weight (out, in) as int8 `q` with one bf16 scale per output row; called as
     `F.linear(x, w, bias)` is, for x (..., in) of any float dtype → (..., out) in x's dtype."""
@@ -51,7 +58,7 @@ class Int8Weight:
         self.scale = scale.to(torch.bfloat16)  # the kernel's dtype; q is rounded against it
         self.q = torch.round(w / self.scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
         self.shape = weight.shape
-        self.fast = self.q.device.type == "cpu" and self.shape[1] % 8 == 0
+        self.fast = self.q.device.type == "cpu" and self.shape[1] % KERNEL_K == 0
 
     @property
     def nbytes(self) -> int:
