@@ -119,13 +119,13 @@ class PackStream:
         while self._next < len(self._spans) and self._spans[self._next].nbytes <= len(self._buf):
             span = self._spans[self._next]
             names.append(span.name)
-            stored.append(self._stored(span))
+            stored.append(self._verified(span))
             self._next += 1
         self._tensors.update(zip(names, decode_together(self.manifest, names, stored)))
         completed = (_last_of_layer(self.manifest, name) for name in names)
         return [self._layer(layer) for layer in completed if layer is not None]
 
-    def _stored(self, span: _Span) -> tuple:
+    def _verified(self, span: _Span) -> tuple:
         """One tensor's bytes taken off the buffer and verified: its pieces and stored dtype."""
         raw = bytes(self._buf[:span.nbytes])
         del self._buf[:span.nbytes]
