@@ -299,8 +299,8 @@ def per_call_s(call, calls: int) -> float:
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
-    scheduler's batched step at each batch size (fp32 weights padded to ROW_MULTIPLE rows;
-    int8 weights unpadded), and `Runtime.forward` of one token (how a request decoded alone
+    scheduler's batched step at each batch size (fp32 and fp16 weights padded to ROW_MULTIPLE
+    rows; int8 weights unpadded), and `Runtime.forward` of one token (how a request decoded alone
     before batching) — where the throughput of a batch comes from."""
     import torch
 
@@ -332,6 +332,12 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
     for n in batches:
         states = [request() for _ in range(n)]
         costs[f"batch of {n}, int8 weights"] = timed(lambda: decode_step(rt, states, 1))
+    rt.use_decode_weights("fp16")  # padded as fp32 steps are (batch.row_multiple)
+    for n in batches:
+        states = [request() for _ in range(n)]
+        costs[f"batch of {n}, fp16 weights"] = timed(lambda: decode_step(rt, states))
+    alone = [request()]
+    costs["batch of 1 unpadded, fp16 weights"] = timed(lambda: decode_step(rt, alone, 1))
     rt.use_decode_weights("fp32")
     alone = request()
     costs["forward of 1"] = timed(lambda: alone.advance(rt.forward(

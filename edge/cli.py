@@ -90,12 +90,14 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
               help="rows a decode step may fill with draft tokens copied from the prompt "
               "(prompt-lookup speculation; greedy answers unchanged) [default: 8, or 4 with "
-              "--decode-weights int8; 0 = off]")
+              "--decode-weights int8 or fp16; 0 = off]")
 @click.option("--decode-weights", type=click.Choice(DECODE_WEIGHTS), default="fp32",
               show_default=True,
               help="weights the decode steps after an answer's first token read: fp32 (the "
-              "exact runtime's) or int8 (one byte per weight, one scale per row: faster "
-              "decode on CPU, answers judged by agreement, not bit-exact; docs/serving.md)")
+              "exact runtime's), int8 (one byte per weight, one scale per row: faster "
+              "decode on CPU) or fp16 (near fp32's logits; fast only on CPUs with a fast "
+              "fp16 path, e.g. AVX-512); int8 and fp16 answers are judged by agreement, not "
+              "bit-exact (docs/serving.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "

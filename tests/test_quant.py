@@ -123,6 +123,31 @@ def test_int8_steps_draft_fewer_rows_by_default():
     assert answer(ids.tolist()) == answer(None)
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_fp16_decode_pads_like_fp32_drafts_like_int8_and_stays_near_fp32(name):
+    """fp16 decode weights: steps padded to ROW_MULTIPLE rows as fp32's (no row invariance
+    claimed), INT8_SPEC_ROWS drafts, logits near the fp32 step's, prefill untouched."""
+    from kvedge.common.model.batch import INT8_SPEC_ROWS, ROW_MULTIPLE, spec_rows_for
+    from kvedge.common.model.quant import Fp16Weight
+
+    rt = tiny_runtime(name)
+    prompt = torch.arange(1, 20)
+    before = rt.prefill(prompt).logits
+    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    ids = torch.tensor([s.token for s in batch])
+    pos = torch.tensor([s.next_position() for s in batch])
+    exact = decode_logits(rt, ids, pos, batch)
+    rt.use_decode_weights("fp16")
+    assert isinstance(rt.decode_head, Fp16Weight) and rt.decode_head.w.dtype == torch.float16
+    assert row_multiple(rt, invariant=True) == ROW_MULTIPLE
+    assert spec_rows_for(rt) == INT8_SPEC_ROWS
+    again = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    near = decode_logits(rt, ids, pos, again)
+    # fp16 weights and activations: within a few fp16 steps of the fp32 logits
+    assert float((near - exact).abs().max()) < 0.02 * float(exact.std())
+    assert torch.equal(rt.prefill(prompt).logits, before)
+
+
 def test_unknown_format_and_a_model_off_the_cpu_are_refused():
     from kvedge.common.errors import InvalidOption
     from kvedge.common.model.quant import decode_weights
@@ -158,3 +183,4 @@ def test_serve_offers_the_formats_and_refuses_others():
 
     result = CliRunner().invoke(main, ["serve", "--kb", "x", "--decode-weights", "int4"])
     assert result.exit_code == 2 and "'fp32'" in result.output and "'int8'" in result.output
+    assert "'fp16'" in result.output
