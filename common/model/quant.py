@@ -30,9 +30,10 @@ Decisions, and why:
   (mod 16) — 8, 24, 40, …, 136 — on an AVX-512 one (2026-11-26), where K = 16, 32, 48, …
   and 1–255 output rows ran. So only weights with K a multiple of `KERNEL_K` (32: the
   widest vector's 16 fp32 lanes, twice, for CPUs not yet seen; every real model's widths
-  are multiples of 64) use it; any other keeps the dequantized torch reference, the same numbers up to the summation
-  order. int8 for a model on another device than the CPU is refused: the reference would
-  dequantize every weight on every step there (fp16, `Fp16Weight`, runs anywhere).
+  are multiples of 64) use it; any other keeps the dequantized torch reference, the same
+  numbers up to the summation order. int8 for a model on another device than the CPU is
+  refused: the reference would dequantize every weight on every step there (fp16,
+  `Fp16Weight`, runs anywhere).
 """
 from __future__ import annotations
 
