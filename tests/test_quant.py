@@ -67,16 +67,23 @@ def test_each_row_gets_the_same_bits_whatever_the_row_count(shape):
         assert torch.equal(w(x[rows - 1:rows]), full[rows - 1:rows])
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_int8_decode_is_batch_invariant_unpadded_and_close_to_fp32(name):
-    """An int8 step pads nothing (row_multiple 1) yet each request's logits are the same bits
-    alone as in a batch; they stay near the fp32 step's; prefill still reads fp32."""
-    rt = tiny_runtime(name)
+def first_steps(rt):
+    """A prompt and its prefill logits (to check prefill untouched later), and REQUESTS
+    started: their states, next tokens and positions."""
     prompt = torch.arange(1, 20)
     before = rt.prefill(prompt).logits
     batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
     ids = torch.tensor([s.token for s in batch])
     pos = torch.tensor([s.next_position() for s in batch])
+    return prompt, before, batch, ids, pos
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_int8_decode_is_batch_invariant_unpadded_and_close_to_fp32(name):
+    """An int8 step pads nothing (row_multiple 1) yet each request's logits are the same bits
+    alone as in a batch; they stay near the fp32 step's; prefill still reads fp32."""
+    rt = tiny_runtime(name)
+    prompt, before, batch, ids, pos = first_steps(rt)
     exact = [decode_logits(rt, ids[i:i + 1], pos[i:i + 1],
                            [started(rt, kind, n, i)], row_multiple=1)[0]
              for i, (kind, n) in enumerate(REQUESTS)]
@@ -131,11 +138,7 @@ def test_fp16_decode_pads_like_fp32_drafts_like_int8_and_stays_near_fp32(name):
     from kvedge.common.model.quant import Fp16Weight
 
     rt = tiny_runtime(name)
-    prompt = torch.arange(1, 20)
-    before = rt.prefill(prompt).logits
-    batch = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
-    ids = torch.tensor([s.token for s in batch])
-    pos = torch.tensor([s.next_position() for s in batch])
+    prompt, before, batch, ids, pos = first_steps(rt)
     exact = decode_logits(rt, ids, pos, batch)
     rt.use_decode_weights("fp16")
     assert isinstance(rt.decode_head, Fp16Weight) and rt.decode_head.w.dtype == torch.float16
