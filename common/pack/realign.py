@@ -25,12 +25,13 @@ from typing import Protocol
 import torch
 
 from kvedge.common.model.kvcache import DenseKV, LayerKV, RaggedKV
-from kvedge.common.pack.codecs import FLOAT_DTYPES, Piece, decode_pieces, piece_rows
+from kvedge.common.pack.codecs import (FLOAT_DTYPES, Piece, decode_pieces, decode_tensors,
+                                       piece_rows)
 from kvedge.common.pack.errors import PackCorrupt
 from kvedge.common.pack.format import Pack
 from kvedge.common.pack.manifest import kv_name
 from kvedge.kernels.dequant_rope import dequant_rope_many
-from kvedge.kernels.quant import QuantizedTensor, dequantize_many
+from kvedge.kernels.quant import QuantizedTensor
 from kvedge.kernels.rope import apply_rope_at, apply_rotary, rope_cos_sin, use_triton
 
 Heads = list[list[torch.Tensor]]
@@ -265,21 +266,10 @@ def _by_layout(layouts: list, pieces: list[Piece], positions: torch.Tensor | Non
 
 
 def _decoded_rows(pieces: list[tuple[Piece, torch.dtype]], dtype, device) -> torch.Tensor:
-    """Pieces → (R, D) rows in order: pieces of one quantization layout (or one float
-    dtype) and one stored dtype are converted together, each as its codec's `decode`
-    converts it, then cast to `dtype`."""
-    def convert(key, batch, _):
-        layout, stored = key
-        return _converted(layout, batch, device).to(stored).to(dtype)
-    return _by_layout([(_layout(p), stored) for p, stored in pieces], [p for p, _ in pieces],
-                      None, convert)
-
-
-def _converted(layout, batch: list[Piece], device) -> torch.Tensor:
-    """Pieces of one layout → their rows (Σn, D): dequantized (fp32), or as stored."""
-    if isinstance(layout, tuple):
-        return dequantize_many([q.to(device) for q in batch])
-    return torch.cat([p.to(device) for p in batch])
+    """Pieces → (R, D) rows in order, each as its codec's `decode` converts it (the quantized
+    pieces of one layout and stored dtype dequantized together: `decode_tensors`), then cast
+    to `dtype`."""
+    return torch.cat(decode_tensors([([p.to(device)], stored) for p, stored in pieces])).to(dtype)
 
 
 def _layout(piece: Piece):
