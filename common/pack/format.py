@@ -164,15 +164,6 @@ class Pack:
         return decode_together(self.manifest, names,
                                [self._decode(name, stored_pieces) for name in names])
 
-    def tensor_names(self) -> list[str]:
-        """The pack's tensors in the order `context` decodes them: keys layer by layer and
-        head by head, values the same, then each side tensor layer by layer."""
-        m = self.manifest
-        return [kv_name(kind, layer, head) for kind in ("k", "v") for layer in range(m.n_layers)
-                for head in range(m.n_kv_heads)] + \
-            [f"{prefix}.{layer}" for key, prefix in SIDE if key in m.side
-             for layer in range(m.n_layers)]
-
     def _decode(self, name: str, how):
         return decode_parts(self.manifest, name, self.container.tensor_parts(name),
                             cached_codec(self._codecs, self.manifest.tensors[name].codec), how)
@@ -180,11 +171,12 @@ class Pack:
     def context(self) -> KVContext:
         """Decode everything (each tensor verified), then the bytes no tensor owns."""
         m = self.manifest
-        decoded = iter(self.tensors(self.tensor_names()))
-        keys = [[next(decoded) for _ in range(m.n_kv_heads)] for _ in range(m.n_layers)]
-        values = [[next(decoded) for _ in range(m.n_kv_heads)] for _ in range(m.n_layers)]
-        side = {key: [next(decoded) for _ in range(m.n_layers)]
-                for key, _ in SIDE if key in m.side}
+        names = m.expected_tensors()
+        decoded = dict(zip(names, self.tensors(names)))
+        keys, values = ([[decoded[kv_name(kind, layer, head)] for head in range(m.n_kv_heads)]
+                         for layer in range(m.n_layers)] for kind in ("k", "v"))
+        side = {key: [decoded[f"{prefix}.{layer}"] for layer in range(m.n_layers)]
+                for key, prefix in SIDE if key in m.side}
         self.container.verify_payload()
         return build_context(m, keys, values, side)
 
