@@ -119,8 +119,9 @@ class EdgeEngine:
     `batch_invariant` an answer is the same whatever shares its steps
     (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
     rows a step from their prompt (default: batch.spec_rows_for; 0 = off); `decode_weights` "int8"
-    makes the steps after the first token read weight-only int8 copies (faster, not
-    bit-exact: kvedge.common.model.quant). `ask` (the services)
+    or "fp16" makes the steps after the first token read weight-only int8 or fp16 copies
+    (faster, not bit-exact: kvedge.common.model.quant; steps over copies found row-invariant
+    at load pad no rows). `ask` (the services)
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
     runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;

@@ -131,24 +131,54 @@ def test_int8_steps_draft_fewer_rows_by_default():
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_fp16_decode_pads_like_fp32_drafts_like_int8_and_stays_near_fp32(name):
-    """fp16 decode weights: steps padded to ROW_MULTIPLE rows as fp32's (no row invariance
-    claimed), INT8_SPEC_ROWS drafts, logits near the fp32 step's, prefill untouched."""
+def test_fp16_decode_pads_as_its_probe_says_drafts_like_int8_and_stays_near_fp32(name):
+    """fp16 decode weights: steps padded to ROW_MULTIPLE rows unless the load-time probe
+    found fp16 products row-invariant on this CPU — and then each request's logits are the
+    same bits alone as in an unpadded batch; INT8_SPEC_ROWS drafts, logits near the fp32
+    step's, prefill untouched."""
     from kvedge.common.model.batch import INT8_SPEC_ROWS, ROW_MULTIPLE, spec_rows_for
-    from kvedge.common.model.quant import Fp16Weight
+    from kvedge.common.model.quant import Fp16Weight, products, rows_invariant
 
     rt = tiny_runtime(name)
     prompt, before, batch, ids, pos = first_steps(rt)
     exact = decode_logits(rt, ids, pos, batch)
     rt.use_decode_weights("fp16")
     assert isinstance(rt.decode_head, Fp16Weight) and rt.decode_head.w.dtype == torch.float16
-    assert row_multiple(rt, invariant=True) == ROW_MULTIPLE
+    assert rt.decode_rows_invariant == rows_invariant(products(rt.decode_layers,
+                                                               rt.decode_head))
+    rows = row_multiple(rt, invariant=True)
+    assert rows == (1 if rt.decode_rows_invariant else ROW_MULTIPLE)
     assert spec_rows_for(rt) == INT8_SPEC_ROWS
     again = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
-    near = decode_logits(rt, ids, pos, again)
+    near = decode_logits(rt, ids, pos, again, rows)
+    for i, (kind, n) in enumerate(REQUESTS):
+        alone = decode_logits(rt, ids[i:i + 1], pos[i:i + 1], [started(rt, kind, n, i)], rows)
+        assert torch.equal(alone[0], near[i])
     # fp16 weights and activations: within a few fp16 steps of the fp32 logits
     assert float((near - exact).abs().max()) < 0.02 * float(exact.std())
     assert torch.equal(rt.prefill(prompt).logits, before)
+
+
+class RowCounted:
+    """A product whose result moves at 2 and 3 rows (as fp32 BLAS's rounding moves with the
+    row count); otherwise it runs row by row, the same per row whatever the count."""
+
+    def __init__(self, weight):
+        self.w, self.shape, self.device = weight, weight.shape, weight.device
+
+    def __call__(self, x, bias=None):
+        rows = [torch.nn.functional.linear(row[None], self.w) for row in x]
+        return torch.cat(rows) + 1e-6 * (x.shape[0] in (2, 3))
+
+
+def test_the_row_probe_finds_a_product_that_rounds_by_row_count():
+    from kvedge.common.model.quant import Fp16Weight, rows_invariant
+
+    steady = [Int8Weight(weight(64, 128)), Fp16Weight(weight(96, 64))]
+    assert rows_invariant(steady)
+    assert not rows_invariant(steady + [RowCounted(weight(32, 64))])
+    assert not rows_invariant([RowCounted(weight(32, 64))], rows=(1, 2))
+    assert rows_invariant([RowCounted(weight(32, 64))], rows=(1, 4, 8))
 
 
 def test_unknown_format_and_a_model_off_the_cpu_are_refused():
@@ -173,6 +203,23 @@ def test_served_int8_answers_are_the_same_alone_and_batched(loaded, state):
 
     try:
         assert engine.rt.decode_format == "int8"
+        alone = [ask(q) for q in QUESTIONS]
+        assert concurrently(ask, QUESTIONS) == alone
+    finally:
+        engine.close()
+
+
+def test_served_fp16_answers_are_the_same_alone_and_batched(loaded, state):
+    """`EdgeEngine(decode_weights="fp16")`: padded or not (the load-time probe decides),
+    concurrent answers equal the same questions asked one at a time."""
+    engine = make_engine(loaded, state, decode_weights="fp16")
+
+    def ask(question):
+        return comparable(list(engine.ask(Target("default", "facts"), question,
+                                          max_new_tokens=12)))
+
+    try:
+        assert engine.rt.decode_format == "fp16"
         alone = [ask(q) for q in QUESTIONS]
         assert concurrently(ask, QUESTIONS) == alone
     finally:

@@ -61,10 +61,11 @@ def spec_rows_for(rt: Runtime) -> int:
 
 
 def row_multiple(rt: Runtime, invariant: bool) -> int:
-    """The row count a step pads to: ROW_MULTIPLE for batch-invariant fp32 and fp16 steps; 1
-    when invariance is not asked for, or when the step reads int8 weights, whose kernel
-    rounds every row the same whatever the count (`kvedge.common.model.quant`)."""
-    return ROW_MULTIPLE if invariant and rt.decode_format != "int8" else 1
+    """The row count a step pads to: ROW_MULTIPLE for batch-invariant fp32 steps; 1 when
+    invariance is not asked for, or when the step's weights round every row the same whatever
+    the count (int8's kernel, and fp16 where `quant.rows_invariant` found it so:
+    `Runtime.decode_rows_invariant`)."""
+    return ROW_MULTIPLE if invariant and not rt.decode_rows_invariant else 1
 
 
 @torch.no_grad()

@@ -24,7 +24,10 @@ Decisions, and why:
   the activations. Group-wise int4 (`_weight_int4pack_mm_for_cpu`) halves the bytes again
   but measured no faster per row on two cores here, and loses more.
 - **Row-invariant.** The kernel gives each row the same bits whatever the row count (checked
-  1–16 rows in tests), so steps with int8 weights are batch-invariant without padding rows.
+  1–24 rows in tests, and at load by `rows_invariant`, 1–64 rows per weight shape), so steps
+  with int8 weights are batch-invariant without padding rows. The torch fallback below is
+  fp32 BLAS, which is not: a model whose widths need it fails the load-time check and its
+  steps are padded as fp32's.
 - **Fallback.** The kernel seems to read K (the input width) a vector at a time with no
   tail: it crashed the process at K = 4 and 20 on an AVX2 machine, and at every K ≡ 8
   (mod 16) — 8, 24, 40, …, 136 — on an AVX-512 one (2026-11-26), where K = 16, 32, 48, …
@@ -66,6 +69,10 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.q.numel() + 2 * self.scale.numel()
 
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
     def dequantized(self) -> torch.Tensor:
         """The weight this stands for, fp32 (out, in): q · s."""
         return self.q.float() * self.scale.float()[:, None]
@@ -92,7 +99,9 @@ class Fp16Weight:
     has no fast fp16 path (AVX2) it may be slower than fp32: measure before choosing it
     (`python -m kvedge.bench.decode_speed` prints the fp16 weight pass). Its steps are padded
     to ROW_MULTIPLE rows as fp32's are (`batch.row_multiple`): no row-invariance is claimed
-    for the CPU's fp16 matmul."""
+    for the CPU's fp16 matmul — unless `rows_invariant` finds it so on the CPU at hand, as it
+    did on that one (1–64 rows, every weight shape of Qwen2.5-0.5B and SmolLM2), where the
+    step then pads nothing (`Runtime.decode_rows_invariant`)."""
 
     def __init__(self, weight: torch.Tensor):
         self.w = weight.detach().to(torch.float16)
@@ -102,12 +111,47 @@ class Fp16Weight:
     def nbytes(self) -> int:
         return 2 * self.w.numel()
 
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         y = F.linear(x.to(torch.float16), self.w).to(x.dtype)
         return y if bias is None else y + bias
 
 
 _WEIGHTS = {"int8": Int8Weight, "fp16": Fp16Weight}
+
+# The row counts `rows_invariant` checks a product at (every count up to the scheduler's
+# default batch of 16, then the counts where a kernel's row blocking would change its path),
+# and the output width it cuts weights to.
+PROBE_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64)
+PROBE_OUT = 2048
+
+
+def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
+                   out: int = PROBE_OUT) -> bool:
+    """Whether each weight's product gives a row the same bits at each row count of `rows` as
+    alone, on this machine — what padding steps to ROW_MULTIPLE buys, had without padding.
+
+    Kernels pick their path by shape, not by values, so the check runs once per distinct
+    shape of `weights` (Int8Weight / Fp16Weight objects), on seeded random weights of the
+    same class and shape, the output width cut to `out` (an LM head's 150K rows at 64 rows
+    took 0.6 s a product; the reduction over the input width, where a row's rounding is
+    decided, is kept whole). Decision: a probe at load rather than a list of CPUs — fp16's
+    CPU matmul was row-invariant on an AVX-512 machine (2026-11-27, 1–64 rows at full
+    shapes) while fp32 BLAS is not on any machine this project has had, and nothing
+    documents either. It took 2.2 s at load on Qwen2.5-0.5B, 0.1 s on SmolLM2 (2 busy cores)."""
+    shapes = {(type(w), tuple(w.shape)) for w in weights}
+    device = {w.device for w in weights}
+    gen = torch.Generator().manual_seed(0)
+    for cls, (n, k) in sorted(shapes, key=lambda c: (c[0].__name__, c[1])):
+        w = cls(torch.randn(min(n, out), k, generator=gen).to(*device))
+        x = torch.randn(max(rows), k, generator=gen).to(*device)
+        alone = torch.cat([w(x[i:i + 1]) for i in range(max(rows))])
+        if not all(torch.equal(w(x[:m]), alone[:m]) for m in rows):
+            return False
+    return True
 
 
 def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -125,6 +169,11 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
 
 
 _MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def products(layers: list, lm_head) -> list:
+    """The 2-D weights of `decode_weights`' layers and head, as a step calls them."""
+    return [getattr(w, m) for w in layers for m in _MATRICES] + [lm_head]
 
 
 def decode_weights(layers: list, lm_head: torch.Tensor, fmt: str) -> tuple[list, object]:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
 from kvedge.common.model.attention import OwnKV
 from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
-from kvedge.common.model.quant import decode_weights, linear
+from kvedge.common.model.quant import decode_weights, linear, products, rows_invariant
 from kvedge.common.model.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -167,12 +167,17 @@ class Runtime:
 
     def use_decode_weights(self, fmt: str) -> None:
         """What decode steps (`batch.decode_step`) read: the model's own weights ("fp32") or
-        weight-only int8 copies ("int8", `kvedge.common.model.quant`). Prefill and
-        recompute always read the model's own. Set it between steps (the scheduler's thread
-        reads it per step)."""
+        weight-only int8 or fp16 copies ("int8", "fp16", `kvedge.common.model.quant`).
+        Prefill and recompute always read the model's own. Set it between steps (the
+        scheduler's thread reads it per step). `decode_rows_invariant` says whether the
+        copies' products were found row-invariant on this machine (`quant.rows_invariant`,
+        checked once per format: steps over them need no padding rows); fp32 BLAS is taken
+        as not (`kvedge.common.model.batch.ROW_MULTIPLE`)."""
         if fmt not in self._decode:
-            self._decode[fmt] = decode_weights(self.layers, self.lm_head, fmt)
-        self.decode_layers, self.decode_head = self._decode[fmt]
+            layers, head = decode_weights(self.layers, self.lm_head, fmt)
+            invariant = fmt != "fp32" and rows_invariant(products(layers, head))
+            self._decode[fmt] = layers, head, invariant
+        self.decode_layers, self.decode_head, self.decode_rows_invariant = self._decode[fmt]
         self.decode_format = fmt
 
     @property
