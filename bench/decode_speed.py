@@ -5,13 +5,14 @@ one request over a dense cache of `context` random tokens, each path timed over 
 steps after a warm one:
 
 - the scheduler's `decode_step`, unpadded and padded to `ROW_MULTIPLE` rows (the served
-  default, batch-invariant), with int8 weights (`kvedge serve --decode-weights int8`,
-  unpadded: its kernel is row-invariant), and `Runtime.forward` of one token
+  default, batch-invariant), with int8 and fp16 weights (`kvedge serve --decode-weights
+  int8|fp16`, padded only where the load-time probe found them not row-invariant:
+  `Runtime.decode_rows_invariant`), and `Runtime.forward` of one token
   (`bench.load.decode_costs`);
 - transformers' own forward with its `DynamicCache` (the reference implementation);
 - one pass over every 2-D weight with one row, in fp32, bf16 and fp16: what the matmuls of a
-  step cost at each precision (decode on a CPU is bound by reading the weights); and in fp32
-  and int8 with 1, 4, 8 and 16 rows: what the rows a step carries cost (the padding rows
+  step cost at each precision (decode on a CPU is bound by reading the weights); and in fp32,
+  int8 and fp16 with 1, 4, 8 and 16 rows: what the rows a step carries cost (the padding rows
   that keep answers batch-invariant, and the draft rows of speculation, `batch.SPEC_ROWS`);
 - llama.cpp (`llama-cpp-python`, when importable: a reference point, never a dependency of
   the service) decoding the very GGUF file the model was converted from, one token per
@@ -171,10 +172,12 @@ def main(argv: list[str] | None = None) -> None:
     print("| weights, one row | ms per pass |\n|---|---|")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         print(f"| {str(dtype).removeprefix('torch.')} | {weight_pass_ms(loaded, dtype):.1f} |")
-    print("| rows | fp32 weights, ms per pass | int8 weights, ms per pass |\n|---|---|---|")
+    print("| rows | fp32 weights, ms per pass | int8 weights, ms per pass "
+          "| fp16 weights, ms per pass |\n|---|---|---|---|")
     for n_rows in (1, 4, 8, 16):
-        print(f"| {n_rows} | {weight_pass_ms(loaded, torch.float32, n_rows=n_rows):.1f} "
-              f"| {weight_pass_ms(loaded, 'int8', n_rows=n_rows):.1f} |")
+        print(f"| {n_rows} | " + " | ".join(
+            f"{weight_pass_ms(loaded, w, n_rows=n_rows):.1f}"
+            for w in (torch.float32, "int8", torch.float16)) + " |")
 
 
 if __name__ == "__main__":

@@ -299,12 +299,13 @@ def per_call_s(call, calls: int) -> float:
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
-    scheduler's batched step at each batch size (fp32 and fp16 weights padded to ROW_MULTIPLE
-    rows; int8 weights unpadded), and `Runtime.forward` of one token (how a request decoded alone
+    scheduler's batched step at each batch size as served (fp32 weights padded to ROW_MULTIPLE
+    rows; int8 and fp16 padded only where `Runtime.decode_rows_invariant` says they need it),
+    and `Runtime.forward` of one token (how a request decoded alone
     before batching) — where the throughput of a batch comes from."""
     import torch
 
-    from kvedge.common.model.batch import decode_step
+    from kvedge.common.model.batch import decode_step, row_multiple
     from kvedge.common.model.decoding import Decoding, Prompt
     from kvedge.common.model.models import load_model
     from kvedge.common.model.runtime import Runtime
@@ -328,14 +329,13 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
         costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states))
     alone = [request()]
     costs["batch of 1 unpadded"] = timed(lambda: decode_step(rt, alone, row_multiple=1))
-    rt.use_decode_weights("int8")  # row-invariant: no padding needed (quant's docstring)
-    for n in batches:
-        states = [request() for _ in range(n)]
-        costs[f"batch of {n}, int8 weights"] = timed(lambda: decode_step(rt, states, 1))
-    rt.use_decode_weights("fp16")  # padded as fp32 steps are (batch.row_multiple)
-    for n in batches:
-        states = [request() for _ in range(n)]
-        costs[f"batch of {n}, fp16 weights"] = timed(lambda: decode_step(rt, states))
+    for fmt in ("int8", "fp16"):
+        rt.use_decode_weights(fmt)
+        served = row_multiple(rt, invariant=True)
+        for n in batches:
+            states = [request() for _ in range(n)]
+            costs[f"batch of {n}, {fmt} weights"] = timed(
+                lambda: decode_step(rt, states, served))
     alone = [request()]
     costs["batch of 1 unpadded, fp16 weights"] = timed(lambda: decode_step(rt, alone, 1))
     rt.use_decode_weights("fp32")

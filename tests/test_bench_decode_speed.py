@@ -7,7 +7,7 @@ def test_every_decode_path_and_weight_precision_is_timed(capsys):
     out = capsys.readouterr().out
     for row in ("batch of 1 unpadded", "forward of 1", "transformers forward", "| bfloat16 |",
                 "| 8 |",
-                "batch of 4, int8 weights"):
+                "batch of 4, int8 weights", "batch of 4, fp16 weights", "fp16 weights, ms"):
         assert row in out, out
 
 
