@@ -131,12 +131,12 @@ def test_int8_steps_draft_fewer_rows_by_default():
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_fp16_decode_pads_as_its_probe_says_drafts_like_int8_and_stays_near_fp32(name):
+def test_fp16_decode_pads_as_its_probe_says_drafts_into_padding_and_stays_near_fp32(name):
     """fp16 decode weights: steps padded to ROW_MULTIPLE rows unless the load-time probe
     found fp16 products row-invariant on this CPU — and then each request's logits are the
-    same bits alone as in an unpadded batch; INT8_SPEC_ROWS drafts, logits near the fp32
-    step's, prefill untouched."""
-    from kvedge.common.model.batch import INT8_SPEC_ROWS, ROW_MULTIPLE, spec_rows_for
+    same bits alone as in an unpadded batch; drafts only into padding rows, logits near the
+    fp32 step's, prefill untouched."""
+    from kvedge.common.model.batch import ROW_MULTIPLE, spec_rows_for
     from kvedge.common.model.quant import Fp16Weight, products, rows_invariant
 
     rt = tiny_runtime(name)
@@ -148,7 +148,7 @@ def test_fp16_decode_pads_as_its_probe_says_drafts_like_int8_and_stays_near_fp32
                                                                rt.decode_head))
     rows = row_multiple(rt, invariant=True)
     assert rows == (1 if rt.decode_rows_invariant else ROW_MULTIPLE)
-    assert spec_rows_for(rt) == INT8_SPEC_ROWS
+    assert spec_rows_for(rt) == rows
     again = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
     near = decode_logits(rt, ids, pos, again, rows)
     for i, (kind, n) in enumerate(REQUESTS):

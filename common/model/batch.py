@@ -55,8 +55,14 @@ INT8_SPEC_ROWS = 4
 
 def spec_rows_for(rt: Runtime) -> int:
     """The default draft rows of a step over `rt`'s decode weights: fp32 BLAS is nearly flat
-    in rows, int8's and fp16's CPU matmuls are not (fp16 on Qwen2.5-0.5B: 31 ms a step at 1
-    row, 86–96 at 4), so both draft INT8_SPEC_ROWS."""
+    in rows (SPEC_ROWS), int8's kernel grows slowly (INT8_SPEC_ROWS), and fp16's CPU matmul
+    grows about linearly past one row (Qwen2.5-0.5B: 31 ms a served step at 1 row, 86–96 at
+    4). Decision for fp16: draft only into rows the step pads anyway (`row_multiple`; none
+    where its products were found row-invariant): a 4-row step would have to accept ~1.8
+    drafts a step to pay, where int8's 4-row drafts on Qwen gained ~1.3 tokens a step
+    (TPOT 96 → 80 ms at 1.1× the step's cost; docs/serving.md)."""
+    if rt.decode_format == "fp16":
+        return row_multiple(rt, invariant=True)
     return SPEC_ROWS if rt.decode_format == "fp32" else INT8_SPEC_ROWS
 
 
