@@ -192,34 +192,19 @@ def test_unknown_format_and_a_model_off_the_cpu_are_refused():
         decode_weights([], torch.empty(32, 64, device="meta"), "int8")
 
 
-def test_served_int8_answers_are_the_same_alone_and_batched(loaded, state):
-    """`EdgeEngine(decode_weights="int8")`: its steps pad nothing, yet concurrent answers
-    equal the same questions asked one at a time."""
-    engine = make_engine(loaded, state, decode_weights="int8")
+@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+def test_served_answers_are_the_same_alone_and_batched(loaded, state, fmt):
+    """`EdgeEngine(decode_weights=fmt)`: int8 steps pad nothing, fp16 steps pad unless the
+    load-time probe found them row-invariant; either way concurrent answers equal the same
+    questions asked one at a time."""
+    engine = make_engine(loaded, state, decode_weights=fmt)
 
     def ask(question):
         return comparable(list(engine.ask(Target("default", "facts"), question,
                                           max_new_tokens=12)))
 
     try:
-        assert engine.rt.decode_format == "int8"
-        alone = [ask(q) for q in QUESTIONS]
-        assert concurrently(ask, QUESTIONS) == alone
-    finally:
-        engine.close()
-
-
-def test_served_fp16_answers_are_the_same_alone_and_batched(loaded, state):
-    """`EdgeEngine(decode_weights="fp16")`: padded or not (the load-time probe decides),
-    concurrent answers equal the same questions asked one at a time."""
-    engine = make_engine(loaded, state, decode_weights="fp16")
-
-    def ask(question):
-        return comparable(list(engine.ask(Target("default", "facts"), question,
-                                          max_new_tokens=12)))
-
-    try:
-        assert engine.rt.decode_format == "fp16"
+        assert engine.rt.decode_format == fmt
         alone = [ask(q) for q in QUESTIONS]
         assert concurrently(ask, QUESTIONS) == alone
     finally:
