@@ -448,13 +448,14 @@ def test_load_conversations_run_with_and_without_session_kv(tmp_path):
     """`kvctl bench load --conversations`: each client's questions are turns of one chat
     through a real daemon's OpenAI API; the same rounds run with the edge keeping each
     conversation's KV and with `--session-bytes 0`, no answer lost either way, and only the
-    first reuses earlier turns."""
+    first reuses earlier turns (the daemons decoding with fp16 weights, as `kvctl bench load
+    --decode-weights fp16` runs them)."""
     from kvedge.apps.demo import DEMO_KB
     from kvedge.bench.load import questions_in, run_load
 
     rounds = run_load(MODEL, DEMO_KB, questions_in(DEMO_KB), clients=(1, 2), per_client=2,
                       echo=lambda *_: None, work=tmp_path, conversations=True,
-                      max_new_tokens=3)
+                      max_new_tokens=3, decode_weights="fp16")  # the daemons take it too
     assert [r.label for r in rounds] == ["1, session KV", "2, session KV", "1, no session KV",
                                          "2, no session KV"]
     assert all(not r.lost and r.answers == 2 * r.clients for r in rounds)
