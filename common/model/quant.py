@@ -141,7 +141,7 @@ def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
     decided, is kept whole). Decision: a probe at load rather than a list of CPUs — fp16's
     CPU matmul was row-invariant on an AVX-512 machine (2026-11-27, 1–64 rows at full
     shapes) while fp32 BLAS is not on any machine this project has had, and nothing
-    documents either. It took 2.2 s at load on Qwen2.5-0.5B, 0.1 s on SmolLM2 (2 busy cores)."""
+    documents either. It takes 0.2 s at load on Qwen2.5-0.5B, 0.1 s on SmolLM2 (quiet, 2 cores)."""
     shapes = {(type(w), tuple(w.shape)) for w in weights}
     device = {w.device for w in weights}
     gen = torch.Generator().manual_seed(0)
