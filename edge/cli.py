@@ -89,8 +89,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "--spec-rows drafts fill those rows: docs/serving.md)")
 @click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
               help="rows a decode step may fill with draft tokens copied from the prompt "
-              "(prompt-lookup speculation; greedy answers unchanged) [default: 8, or 4 with "
-              "--decode-weights int8 or fp16; 0 = off]")
+              "(prompt-lookup speculation; greedy answers unchanged) [default: 8, 4 with "
+              "--decode-weights int8, and with fp16 only the rows a step pads anyway; "
+              "0 = off]")
 @click.option("--decode-weights", type=click.Choice(DECODE_WEIGHTS), default="fp32",
               show_default=True,
               help="weights the decode steps after an answer's first token read: fp32 (the "
