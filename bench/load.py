@@ -337,8 +337,9 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
             states = [request() for _ in range(n)]
             costs[f"batch of {n}, {fmt} weights"] = timed(
                 lambda: decode_step(rt, states, served))
-    alone = [request()]
-    costs["batch of 1 unpadded, fp16 weights"] = timed(lambda: decode_step(rt, alone, 1))
+    if served > 1:  # else fp16's "batch of 1" was one row already
+        alone = [request()]
+        costs["batch of 1 unpadded, fp16 weights"] = timed(lambda: decode_step(rt, alone, 1))
     rt.use_decode_weights("fp32")
     alone = request()
     costs["forward of 1"] = timed(lambda: alone.advance(rt.forward(
