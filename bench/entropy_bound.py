@@ -41,16 +41,24 @@ def order1_bits(codes: np.ndarray, levels: int) -> float:
     return float(-(joint * logs).sum()) + levels * levels * TABLE_BITS
 
 
-def measure(model: str, tokens: int, widths: list[int]) -> list[dict]:
+def article_kv(model: str, tokens: int) -> tuple[list[int], list, list]:
+    """(token ids, keys, values) of the first SQuAD v2 tuning article's leading paragraphs up
+    to `tokens`, prefilled as the cloud prefills a pack: pre-RoPE, (H, T, D) per layer."""
     from kvedge.bench.real.squad import squad_items
     from kvedge.cloud.workers import PrefillEngine
-    from kvedge.kernels.quant import quantize, unpack_codes
 
     engine = PrefillEngine(model)
     tok = engine.loaded.tokenizer
     item, = squad_items(1, length=tokens, count_tokens=lambda s: len(tok(s)["input_ids"]))
     ids = tok(item.documents[0])["input_ids"]
     keys, values, _ = engine.prefill_segment(ids)
+    return ids, keys, values
+
+
+def measure(model: str, tokens: int, widths: list[int]) -> list[dict]:
+    from kvedge.kernels.quant import quantize, unpack_codes
+
+    ids, keys, values = article_kv(model, tokens)
     zstd = zstandard.ZstdCompressor(level=3)
     rows = []
     for bits in widths:
