@@ -22,7 +22,7 @@ import click
 from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
-from kvedge.common.model.models import DECODE_WEIGHTS, DEFAULT_MODEL
+from kvedge.common.model.models import AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.edge import DEFAULT_STRATEGY
 
@@ -390,8 +390,8 @@ def report_cmd(out_dir):
               "[default: a temporary folder]")
 @click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
               help="the edge's mode (`kvedge serve --batch-invariant`)")
-@click.option("--decode-weights", type=click.Choice(DECODE_WEIGHTS), default="fp32",
-              show_default=True, help="the edge's decode weights (`kvedge serve "
+@click.option("--decode-weights", type=click.Choice((*DECODE_WEIGHTS, AUTO_DECODE)),
+              default="fp32", show_default=True, help="the edge's decode weights (`kvedge serve "
               "--decode-weights`)")
 @click.option("--steps", is_flag=True,
               help="then time one decode step alone and batched, in this process")

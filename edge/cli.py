@@ -8,7 +8,7 @@ import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, RegistryChoice
 from kvedge.common.config import configurable
-from kvedge.common.model.models import DECODE_WEIGHTS, DEFAULT_MODEL
+from kvedge.common.model.models import AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL
 from kvedge.common.net.tls import ca_option, server_options
 from kvedge.edge import DEFAULT_SESSION_BYTES, DEFAULT_STRATEGY
 
@@ -92,13 +92,14 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "(prompt-lookup speculation; greedy answers unchanged) [default: 8, 4 with "
               "--decode-weights int8, and with fp16 only the rows a step pads anyway; "
               "0 = off]")
-@click.option("--decode-weights", type=click.Choice(DECODE_WEIGHTS), default="fp32",
-              show_default=True,
+@click.option("--decode-weights", type=click.Choice((*DECODE_WEIGHTS, AUTO_DECODE)),
+              default="fp32", show_default=True,
               help="weights the decode steps after an answer's first token read: fp32 (the "
               "exact runtime's), int8 (one byte per weight, one scale per row: faster "
-              "decode on CPU) or fp16 (near fp32's logits; fast only on CPUs with a fast "
-              "fp16 path, e.g. AVX-512); int8 and fp16 answers are judged by agreement, not "
-              "bit-exact (docs/serving.md)")
+              "decode on CPU), fp16 (near fp32's logits; fast only on CPUs with a fast "
+              "fp16 path, e.g. AVX-512) or auto (fp16 where a probe at load finds it "
+              "row-invariant and 1.5x faster than fp32, else fp32); int8 and fp16 answers "
+              "are judged by agreement, not bit-exact (docs/serving.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "
@@ -194,6 +195,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                          max_new_tokens=max_new_tokens)
     if prefetch:
         prefetcher.start()
+    click.echo(f"decode weights: {engine.rt.decode_format} ({engine.rt.decode_choice})",
+               err=True)
     click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
                f"{[t.key for t in targets]} from {cloud_address} (whole: "
                f"{[t.key for t in pinned]}); token in {state / 'edge.token'}", err=True)

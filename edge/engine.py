@@ -121,7 +121,8 @@ class EdgeEngine:
     rows a step from their prompt (default: batch.spec_rows_for; 0 = off); `decode_weights` "int8"
     or "fp16" makes the steps after the first token read weight-only int8 or fp16 copies
     (faster, not bit-exact: kvedge.common.model.quant; steps over copies found row-invariant
-    at load pad no rows). `ask` (the services)
+    at load pad no rows), "auto" fp16 where a load-time probe finds it row-invariant and
+    fast, else fp32 (`Runtime.auto_decode_weights`). `ask` (the services)
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
     runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;

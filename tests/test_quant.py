@@ -181,6 +181,42 @@ def test_the_row_probe_finds_a_product_that_rounds_by_row_count():
     assert rows_invariant([RowCounted(weight(32, 64))], rows=(1, 4, 8))
 
 
+def test_auto_takes_fp16_only_where_it_is_row_invariant_and_fast(monkeypatch):
+    """`decode_weights="auto"`: the load-time probe decides — fp16 when its products are
+    row-invariant and the timed pass beats fp32's by AUTO_SPEEDUP, else fp32 with the fp16
+    copies dropped; each choice says why."""
+    import kvedge.common.model.runtime as runtime
+
+    rt = tiny_runtime("tiny-llama")
+    monkeypatch.setattr(runtime, "AUTO_SPEEDUP", 0.0)  # any fp16 pass is fast enough
+    monkeypatch.setattr(runtime, "rows_invariant", lambda weights: True)
+    rt.use_decode_weights("auto")
+    assert rt.decode_format == "fp16" and rt.decode_rows_invariant
+    assert "row-invariant" in rt.decode_choice and row_multiple(rt, invariant=True) == 1
+    monkeypatch.setattr(runtime, "AUTO_SPEEDUP", 1e9)  # no pass is fast enough
+    rt.use_decode_weights("auto")
+    assert rt.decode_format == "fp32" and "fp16 one-row pass" in rt.decode_choice
+    assert "fp16" not in rt._decode  # its copies are not kept
+    monkeypatch.setattr(runtime, "AUTO_SPEEDUP", 0.0)
+    monkeypatch.setattr(runtime, "rows_invariant", lambda weights: False)
+    rt.use_decode_weights("auto")
+    assert rt.decode_format == "fp32" and "not row-invariant" in rt.decode_choice
+    assert "fp16" not in rt._decode
+    rt.use_decode_weights("int8")
+    assert rt.decode_choice == "as asked"
+
+
+def test_the_timed_sample_holds_enough_weights_and_a_pass_is_timed():
+    from kvedge.common.model.quant import TIMED_BYTES, one_row_pass_s, products, timed_layers
+
+    rt = tiny_runtime("tiny-llama")
+    assert timed_layers(rt.layers) == len(rt.layers)  # a tiny model is timed whole
+    per_layer = sum(4 * w.numel() for w in products(rt.layers[:1], rt.lm_head)[:-1])
+    assert timed_layers(rt.layers * (TIMED_BYTES // per_layer + 5)) == \
+        -(-TIMED_BYTES // per_layer)
+    assert one_row_pass_s(products(rt.layers, rt.lm_head), reps=2) > 0
+
+
 def test_unknown_format_and_a_model_off_the_cpu_are_refused():
     from kvedge.common.errors import InvalidOption
     from kvedge.common.model.quant import decode_weights
@@ -218,4 +254,4 @@ def test_serve_offers_the_formats_and_refuses_others():
 
     result = CliRunner().invoke(main, ["serve", "--kb", "x", "--decode-weights", "int4"])
     assert result.exit_code == 2 and "'fp32'" in result.output and "'int8'" in result.output
-    assert "'fp16'" in result.output
+    assert "'fp16'" in result.output and "'auto'" in result.output

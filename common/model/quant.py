@@ -154,6 +154,44 @@ def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
     return True
 
 
+# `auto` decode weights take fp16 when its one-row pass is at least this much faster than
+# fp32's; the sample timed is the first layers holding TIMED_BYTES of fp32 weights (beyond
+# any cache, as a whole model's pass is), each pass timed REPS times after a warm-up.
+AUTO_SPEEDUP = 1.5
+TIMED_BYTES = 256 << 20
+REPS = 3
+
+
+def timed_layers(layers: list) -> int:
+    """How many leading layers (runtime.LayerWeights, fp32) hold TIMED_BYTES of 2-D weights
+    (all of them if the model holds fewer)."""
+    total = 0
+    for n, w in enumerate(layers, 1):
+        total += sum(4 * getattr(w, m).numel() for m in _MATRICES)
+        if total >= TIMED_BYTES:
+            return n
+    return len(layers)
+
+
+def one_row_pass_s(weights: list, reps: int = REPS) -> float:
+    """Seconds of one row through every weight of `weights` (plain tensors or the copies'
+    products), the fastest of `reps` passes after a warm-up one."""
+    import time
+
+    gen = torch.Generator().manual_seed(0)
+    rows = {w.shape[1]: torch.randn(1, w.shape[1], generator=gen).to(w.device)
+            for w in weights}
+
+    def once() -> float:
+        start = time.perf_counter()
+        for w in weights:
+            linear(rows[w.shape[1]], w)
+        return time.perf_counter() - start
+
+    once()
+    return min(once() for _ in range(reps))
+
+
 def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """The torch reference of the kernel: bf16 x (N, in) times the dequantized weight, summed
     in fp32, rounded to bf16 → (N, out)."""
