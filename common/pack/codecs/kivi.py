@@ -10,10 +10,11 @@ the outlier channels and feed the softmax, where an error is amplified across ev
 so the issue's frontier (bytes vs F1) tries spending bits on keys and saving them on values.
 Side tensors (anything not a key or a value) take the key width. KIVI itself runs both at 2
 bits; the split is a choice to measure, not the paper's. Measured on Qwen2.5-0.5B (squad-evict,
-738 paired questions, docs/results.md): the values' bits carry the loss there — 4-bit keys
-with 8-bit values keep fp16's F1 (−0.001 [−0.008, +0.005]) while 8-bit keys with 2-bit values
-lose 0.6 point (−0.006 [−0.014, +0.002]) — so the default split is not the one to build a
-≥ 4× codec on for that model.
+738 paired questions, docs/results.md): 4-bit keys with 8-bit values keep fp16's F1
+(−0.001 [−0.008, +0.005]); values at 2, 3 or 4 bits lose ~0.6–0.7 point whatever the keys
+(8-bit keys with 2-bit values −0.006 [−0.014, +0.002]); and 3-bit keys lose beyond chance
+even with 4-bit values (−0.014 [−0.024, −0.004]). So on that model keys need 4 bits, and no
+split of these widths reaches 4× fewer bytes without a measurable loss.
 """
 from __future__ import annotations
 
