@@ -50,26 +50,29 @@ def run(model: str, questions: int, strategies: list[str], style: str,
     scheduler = bench.engine.scheduler
     scheduler.invariant = invariant  # off: a lone answer's plain step is one row, no padding
     rows, kept = [], {_key(r): r for r in done}
+    modes = [(name, fmt, spec) for name in strategies for fmt in formats
+             for spec in dict.fromkeys((0, *((spec_rows,) if isinstance(spec_rows, int)
+                                             else spec_rows)))]
     for item in hotpot_fixed_items(10, questions, seed):
+        if all((item.key, *mode) in kept for mode in modes):  # no packs to build
+            rows += [kept[(item.key, *mode)] for mode in modes]
+            continue
         segments = [ctx for doc in item.documents for ctx, _ in bench.packs(doc, False)]
         q = item.questions[0]
         composed = bench.engine.compose(segments, q.text, STYLES[style] or q.instruction)
-        for name in strategies:
-            for fmt in formats:
-                bench.engine.rt.use_decode_weights(fmt)  # the scheduler is idle between answers
-                for spec in dict.fromkeys((0, *((spec_rows,) if isinstance(spec_rows, int)
-                                                 else spec_rows))):
-                    if (row := kept.get((item.key, name, fmt, spec))) is not None:
-                        rows.append(row)
-                        continue
-                    scheduler.spec_rows = spec
-                    start = time.perf_counter()
-                    *_, stats = bench.engine.answer(composed, get_strategy(name), max_new_tokens)
-                    rows.append({**stats, **qa_scores(stats["answer"], q.answers),
-                                 "strategy": name, "weights": fmt, "spec_rows": spec,
-                                 "item": item.key, "answer_s": time.perf_counter() - start})
-                    if sink is not None:
-                        sink(rows[-1])
+        for name, fmt, spec in modes:
+            bench.engine.rt.use_decode_weights(fmt)  # the scheduler is idle between answers
+            if (row := kept.get((item.key, name, fmt, spec))) is not None:
+                rows.append(row)
+                continue
+            scheduler.spec_rows = spec
+            start = time.perf_counter()
+            *_, stats = bench.engine.answer(composed, get_strategy(name), max_new_tokens)
+            rows.append({**stats, **qa_scores(stats["answer"], q.answers),
+                         "strategy": name, "weights": fmt, "spec_rows": spec,
+                         "item": item.key, "answer_s": time.perf_counter() - start})
+            if sink is not None:
+                sink(rows[-1])
     bench.engine.rt.use_decode_weights(formats[0])
     return rows
 

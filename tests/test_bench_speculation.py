@@ -29,9 +29,10 @@ def test_each_strategy_runs_with_drafts_off_and_on_and_answers_agree(fake_data, 
 
 
 def test_rows_are_appended_as_made_and_a_rerun_measures_only_the_rest(fake_data, capsys,
-                                                                      tmp_path):
+                                                                      tmp_path, monkeypatch):
     """--out gets each row as it is made; rerunning the command over a file cut short keeps
-    its rows and measures only the missing ones (the table covers all)."""
+    its rows and measures only the missing ones (the table covers all); a question whose
+    rows are all kept has no packs built again."""
     out = tmp_path / "rows.jsonl"
     args = ["--model", "tiny-llama", "--questions", "2", "--max-new-tokens", "4",
             "--threads", "1", "--strategies", "recompute", "--out", str(out)]
@@ -44,4 +45,13 @@ def test_rows_are_appended_as_made_and_a_rerun_measures_only_the_rest(fake_data,
     again = out.read_text().splitlines()
     assert again[:3] == rows[:3] and len(again) == 4
     assert json.loads(again[3])["answer"] == json.loads(rows[3])["answer"]
+    assert "| recompute | fp32 | 8 |" in capsys.readouterr().out
+    from kvedge.bench.suites import Bench
+
+    def no_packs(*args, **kwargs):
+        raise AssertionError("packs built for a question whose rows are all kept")
+
+    monkeypatch.setattr(Bench, "packs", no_packs)
+    main(args)
+    assert out.read_text().splitlines() == again
     assert "| recompute | fp32 | 8 |" in capsys.readouterr().out
