@@ -77,17 +77,25 @@ def measure(model: str, tokens: int, widths: list[int]) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def article_options(argv: list[str] | None, doc: str, tokens: int,
+                    bits: str) -> tuple[str, int, list[int]]:
+    """(model, tokens, bit widths) from the command line of a bench over `article_kv` (this
+    module's and `quant_error`'s), one torch thread set."""
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--bits", default="4,2")
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--bits", default=bits)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = measure(args.model, args.tokens, [int(b) for b in args.bits.split(",")])
-    print(f"{args.model}, {rows[0]['tokens']} tokens of a SQuAD tuning article; bits per code")
+    return args.model, args.tokens, [int(b) for b in args.bits.split(",")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    model, tokens, widths = article_options(argv, __doc__, 1024, "4,2")
+    rows = measure(model, tokens, widths)
+    print(f"{model}, {rows[0]['tokens']} tokens of a SQuAD tuning article; bits per code")
     print("| codes | zstd | ideal order-0 (per tensor) | ideal order-1 (previous token) |")
     print("|---|---|---|---|")
     for r in rows:

@@ -78,16 +78,11 @@ def measure(model: str, tokens: int, widths: list[int]) -> tuple[int, list[dict]
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
+    from kvedge.bench.entropy_bound import article_options
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--bits", default="2,3,4")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    n, rows = measure(args.model, args.tokens, [int(b) for b in args.bits.split(",")])
-    print(f"{args.model}, {n} tokens of a SQuAD tuning article")
+    model, tokens, widths = article_options(argv, __doc__, 2048, "2,3,4")
+    n, rows = measure(model, tokens, widths)
+    print(f"{model}, {n} tokens of a SQuAD tuning article")
     print("| kind | bits | groups | group | rotated | ‖x̂ − x‖² / ‖x‖² | bits per element "
           "(+zstd, scales) |\n|---|---|---|---|---|---|---|")
     for r in rows:
