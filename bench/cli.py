@@ -391,7 +391,7 @@ def report_cmd(out_dir):
 @click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
               help="the edge's mode (`kvedge serve --batch-invariant`)")
 @click.option("--decode-weights", type=click.Choice((*DECODE_WEIGHTS, AUTO_DECODE)),
-              default="fp32", show_default=True, help="the edge's decode weights (`kvedge serve "
+              default=AUTO_DECODE, show_default=True, help="the edge's decode weights (`kvedge serve "
               "--decode-weights`)")
 @click.option("--steps", is_flag=True,
               help="then time one decode step alone and batched, in this process")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from kvedge.common.model.models import AUTO_DECODE
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.net.proto import kvedge_pb2 as pb
 
@@ -255,7 +256,7 @@ def table(rounds: list[Round]) -> str:
 
 def unbatched_round(state: Path, model: str, questions: list[str], per_client: int,
                     strategy: str = "", top_k: int = 3, max_new_tokens: int = 48,
-                    decode_weights: str = "fp32") -> Round:
+                    decode_weights: str = AUTO_DECODE) -> Round:
     """One client without the daemon, for reference: in this process, `EdgeEngine.retrieve`
     then `EdgeEngine.answer` (the served path: the scheduler, here without padding rows, so a
     lone request's decode step is one row as before batching) over the same synced KB and
@@ -351,7 +352,7 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
 def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
              per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
              unbatched: bool = True, conversations: bool = False,
-             decode_weights: str = "fp32", **ask) -> list[Round]:
+             decode_weights: str = AUTO_DECODE, **ask) -> list[Round]:
     """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
     then (`unbatched`) the one-client reference round without the daemon. In `work`
     (kept, and its synced KB reused by the next run) or a temporary folder. The daemon and

@@ -93,7 +93,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "--decode-weights int8, and with fp16 only the rows a step pads anyway; "
               "0 = off]")
 @click.option("--decode-weights", type=click.Choice((*DECODE_WEIGHTS, AUTO_DECODE)),
-              default="fp32", show_default=True,
+              default=AUTO_DECODE, show_default=True,
               help="weights the decode steps after an answer's first token read: fp32 (the "
               "exact runtime's), int8 (one byte per weight, one scale per row: faster "
               "decode on CPU), fp16 (near fp32's logits; fast only on CPUs with a fast "

@@ -255,3 +255,5 @@ def test_serve_offers_the_formats_and_refuses_others():
     result = CliRunner().invoke(main, ["serve", "--kb", "x", "--decode-weights", "int4"])
     assert result.exit_code == 2 and "'fp32'" in result.output and "'int8'" in result.output
     assert "'fp16'" in result.output and "'auto'" in result.output
+    helped = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
+    assert "DECODE_WEIGHTS; default: auto]" in " ".join(helped.output.split())
