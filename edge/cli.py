@@ -189,7 +189,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                         session_bytes=session_bytes, spec_rows=spec_rows,
                         fetch_or_compute=fetch_or_compute, decode_weights=decode_weights,
                         kv_budget=kv_budget or None, alternates=standins)
-    metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions)
+    metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
+                          engine.rt.decode_format)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,
                          max_new_tokens=max_new_tokens)

@@ -21,10 +21,12 @@ TPOT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5)
 class EdgeMetrics:
     """The edge's answer metrics in `registry` (none given: a private one nobody scrapes), and
     the sync, pack-cache and session-cache counts of `syncer`, `cache` and `sessions` (an
-    `edge.sessions.PrefixCache`) when given."""
+    `edge.sessions.PrefixCache`) when given; `decode_weights`, the format the decode steps
+    read (`Runtime.decode_format`: what `--decode-weights auto` chose), as a 1 under its
+    label."""
 
     def __init__(self, registry: CollectorRegistry | None = None, cache=None, syncer=None,
-                 sessions=None):
+                 sessions=None, decode_weights: str | None = None):
         self.registry = r = registry if registry is not None else CollectorRegistry()
         self.http = RequestMetrics(r, "http", ("method", "route"))
         self.ttft = Histogram("kvedge_edge_ttft_seconds", "time to the first answer token "
@@ -44,6 +46,10 @@ class EdgeMetrics:
                                registry=r)
         self.waiting = Gauge("kvedge_edge_asks_waiting", "answers before their first token: "
                              "queued for the model, or retrieving and prefilling", registry=r)
+        if decode_weights is not None:
+            Gauge("kvedge_edge_decode_weights", "1 under the format the decode steps read "
+                  "(fp32, int8 or fp16: what --decode-weights, or its auto probe, chose)",
+                  ["format"], registry=r).labels(decode_weights).set(1)
         if cache is not None or syncer is not None or sessions is not None:
             r.register(_Counts(cache, syncer, sessions))
 

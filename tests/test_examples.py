@@ -375,8 +375,11 @@ def check_daemon(proc, parsed, w: World) -> None:
         if f"default/{kb}" in w.edge.kbs or kb in w.edge.kbs:
             proc.wait_for(proc.manifest(kb).exists, 120, f"a synced {kb}")
     if params.get("metrics_address"):
-        proc.wait_for(lambda: http_ok(f"http://{params['metrics_address']}/metrics"), 60,
-                      "/metrics")
+        url = f"http://{params['metrics_address']}/metrics"
+        proc.wait_for(lambda: http_ok(url), 60, "/metrics")
+        if parsed.name == "kvedge serve":  # the format --decode-weights chose
+            with urllib.request.urlopen(url, timeout=5) as r:
+                assert "kvedge_edge_decode_weights{format=" in r.read().decode()
     if params.get("http_address"):
         token = (proc.state / "edge.token").read_text().strip()
         proc.wait_for(lambda: http_ok(f"http://{params['http_address']}/v1/models", token), 60,
