@@ -272,7 +272,8 @@ def test_prefetch_fetches_the_segment_ranked_just_below_top_k(cloud, tmp_path):
         first, below = pack_of(e, QUESTIONS[5], top_k=2)[::-1]  # best first
         e.ask(QUESTIONS[5], top_k=1)
         deadline = time.monotonic() + 30
-        while below not in cached(e):
+        # the pack is in the cache when the fetch returns, and counted just after: wait for both
+        while below not in cached(e) or not e.prefetcher.fetched:
             assert time.monotonic() < deadline, "the next-ranked pack was not prefetched"
             time.sleep(0.05)
         assert cached(e) == {first, below} and e.prefetcher.fetched == 1
