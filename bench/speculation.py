@@ -1,8 +1,8 @@
-"""Time to the whole answer, with and without prompt-lookup drafts and int8 decode weights, on
-real questions (issue 28).
+"""Time to the whole answer, with and without prompt-lookup drafts and lower-precision decode
+weights (int8, fp16), on real questions (issue 28).
 
 `python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic]
-[--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,int8] [--no-batch-invariant]
+[--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,fp16] [--no-batch-invariant]
 [--out F]`:
 HotpotQA questions of the
 tuning split (`hotpot-fixed`: each over its 10 paragraphs, prefilled as packs) answered through
@@ -12,8 +12,8 @@ off (`spec_rows` 0), then on — so all see the same machine. Per strategy and m
 TTFT, TPOT and time to the whole answer, tokens per decode step, the drafts' accept rate,
 mean F1 against HotpotQA's answers, and how many answers differ from the first mode's
 (fp32 weights, no drafts). Drafts change none (under greedy a step keeps only the drafts
-the model's own picks agree with); int8 weights may (`kvedge.common.model.quant`), and the
-count is their agreement rate.
+the model's own picks agree with); int8 and fp16 weights may (`kvedge.common.model.quant`),
+and the count is their agreement rate.
 
 `--style short` asks HotpotQA's way (the answer only: a few tokens); `sentence` asks for one
 sentence (~20–30 tokens), the answers users of a chat page read.
