@@ -180,12 +180,16 @@ class Runtime:
             fmt, self.decode_choice = self.auto_decode_weights()
         else:
             self.decode_choice = "as asked"
+        self.decode_layers, self.decode_head, self.decode_rows_invariant = self._copies(fmt)
+        self.decode_format = fmt
+
+    def _copies(self, fmt: str) -> tuple[list, object, bool]:
+        """(layers, head, row-invariant) of `fmt`'s decode weights, built and probed once."""
         if fmt not in self._decode:
             layers, head = decode_weights(self.layers, self.lm_head, fmt)
             invariant = fmt != "fp32" and rows_invariant(products(layers, head))
             self._decode[fmt] = layers, head, invariant
-        self.decode_layers, self.decode_head, self.decode_rows_invariant = self._decode[fmt]
-        self.decode_format = fmt
+        return self._decode[fmt]
 
     def auto_decode_weights(self) -> tuple[str, str]:
         """(format, why) for `--decode-weights auto`: fp16 copies where, on this machine,
@@ -207,12 +211,10 @@ class Runtime:
         on SmolLM2 (19 layers timed; 2 cores, beside a benchmark)."""
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return "fp32", f"the model's own {self.dtype} weights on {self.device.type}"
-        layers, head = (self._decode["fp16"][:2] if "fp16" in self._decode
-                        else decode_weights(self.layers, self.lm_head, "fp16"))
-        if not rows_invariant(products(layers, head)):
-            self._decode.pop("fp16", None)
+        layers, head, invariant = self._copies("fp16")
+        if not invariant:
+            self._decode.pop("fp16")
             return "fp32", "fp16 products are not row-invariant on this CPU"
-        self._decode["fp16"] = layers, head, True
         n = timed_layers(self.layers)
         fp32_s = one_row_pass_s(products(self.layers[:n], self.lm_head)[:-1])
         fp16_s = one_row_pass_s(products(layers[:n], head)[:-1])
