@@ -8,9 +8,10 @@ runs along the channel axis of one token. Each group stores a scale and a zero p
 Packing is *planar* along the channel axis: with k = 8 / bits codes per byte, byte j of a row
 holds channels j, j + D/k, j + 2D/k, ... at bit offsets 0, bits, 2·bits, ... For int4 the two
 halves of a head vector — exactly the halves RoPE pairs up — share a byte, so the fused
-kernel (kernels/dequant_rope.py) reads each byte once for both rotation operands. int3 codes
-do not tile a byte: they are stored one per byte and left to the entropy stage, which brings
-them to ~2.5–2.8 bits (measured in bench/codec_bench.py) — use int3 only with "+zstd".
+kernel (kernels/dequant_rope.py) reads each byte once for both rotation operands. int3, int5
+and int6 codes do not tile a byte: they are stored one per byte and left to the entropy stage,
+which brings int3 to ~2.5–2.8 bits (measured in bench/codec_bench.py) — use them only with
+"+zstd".
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-BITS = (2, 3, 4, 8)
+BITS = (2, 3, 4, 5, 6, 8)
 
 
 @dataclass

@@ -46,6 +46,20 @@ def test_more_bits_less_error():
     assert errors[0] > errors[1] > errors[2] > errors[3]
 
 
+def test_kivi_value_widths_between_4_and_8_bits():
+    """5- and 6-bit codes (one a byte, for "+zstd") sit between int4 and int8 in error and,
+    entropy-coded, in size."""
+    x = kv_like(512)
+    errors, sizes = [], []
+    for b in (4, 5, 6, 8):
+        codec = get_codec(f"kivi+zstd:key_bits=4,value_bits={b}")
+        parts, params = codec.encode(x, Role("value"))
+        errors.append(rel(codec.decode(parts, params), x))
+        sizes.append(sum(p.numel() * p.element_size() for p in parts.values()))
+    assert errors[0] > errors[1] > errors[2] > errors[3]
+    assert sizes[0] < sizes[1] < sizes[2] < sizes[3]
+
+
 def test_zstd_is_lossless_over_its_inner_codec_and_smaller():
     x = kv_like(512)
     for base in ("fp16", "int4", "int2"):
@@ -90,7 +104,7 @@ def test_quantize_rejects_what_it_cannot_store():
     with pytest.raises(ValueError, match="bf16"):
         quantize(torch.tensor([[1e6, -1e6]]), 8, 4, True)
     with pytest.raises(ValueError, match="bits"):
-        quantize(torch.randn(4, 8), 5, 4, True)
+        quantize(torch.randn(4, 8), 7, 4, True)
 
 
 def test_quantized_piece_is_what_decode_dequantizes():
@@ -217,4 +231,4 @@ def test_kivi_gives_keys_and_values_their_own_widths():
                            get_codec(f"int{params['bits']}").decode(*same))
     assert rel(codec.decode(k_parts, k_params), x) < rel(codec.decode(v_parts, v_params), x)
     with pytest.raises((InvalidCodecOption, ValueError)):
-        get_codec("kivi:key_bits=5")
+        get_codec("kivi:key_bits=7")

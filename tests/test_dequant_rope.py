@@ -19,7 +19,7 @@ def inv_freq(dim: int, theta: float = 1e5) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-@pytest.mark.parametrize("bits", [8, 4, 3, 2])
+@pytest.mark.parametrize("bits", [8, 5, 4, 3, 2])
 @pytest.mark.parametrize("per_channel, group", [(True, 32), (True, 7), (False, 16), (False, 24)])
 @pytest.mark.parametrize("n, dim", [(1, 64), (45, 64), (19, 80)])
 def test_kernel_matches_reference(bits, per_channel, group, n, dim):

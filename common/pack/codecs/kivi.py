@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, make_dataclass
 import torch
 
 from kvedge.common.pack.codecs.base import CODECS, Codec, Parts, Role, expect, header
+from kvedge.kernels.quant import BITS as WIDTHS
 from kvedge.kernels.quant import QuantizedTensor, codes_per_byte, quantize
 from kvedge.common.registry import option, validate
 
@@ -58,7 +59,7 @@ def quantized_piece(parts: Parts, params: dict, n: int, prefix: str = "") -> Qua
     """Rebuild a QuantizedTensor of n rows from parts, checking every shape against params."""
     bits, group, per_channel = int(params["bits"]), int(params["group"]), params["per_channel"]
     dim = int(params["shape"][1])
-    if bits not in (2, 3, 4, 8) or group < 1 or not isinstance(per_channel, bool):
+    if bits not in WIDTHS or group < 1 or not isinstance(per_channel, bool):
         raise ValueError(f"bad quantization params {params}")
     groups = (math.ceil(n / group), dim) if per_channel else (n, math.ceil(dim / group))
     packed = expect(parts[prefix + "packed"], (n, dim // codes_per_byte(bits)), torch.uint8,
@@ -77,7 +78,6 @@ def _fixed_width(bits: int) -> type[IntCodec]:
 
 
 Int8, Int4, Int3, Int2 = map(_fixed_width, (8, 4, 3, 2))
-WIDTHS = (2, 3, 4, 8)
 
 
 @CODECS.register
@@ -86,8 +86,8 @@ class Kivi(Codec):
     """Keys at `key_bits`, values at `value_bits`; each tensor's params name its width, so
     decoding needs no option."""
 
-    key_bits: int = option(4, 2, 8, "bits per key code (2, 3, 4 or 8)")
-    value_bits: int = option(2, 2, 8, "bits per value code (2, 3, 4 or 8)")
+    key_bits: int = option(4, 2, 8, "bits per key code (2-6 or 8)")
+    value_bits: int = option(2, 2, 8, "bits per value code (2-6 or 8)")
     key_group: int = option(64, 1, None, "tokens per key group (keys: per channel)")
     value_group: int = option(64, 1, None, "channels per value group (values: per token)")
 
