@@ -9,12 +9,15 @@ one code per byte: it is meant for "+zstd", which removes the slack.
 the outlier channels and feed the softmax, where an error is amplified across every query,
 so the issue's frontier (bytes vs F1) tries spending bits on keys and saving them on values.
 Side tensors (anything not a key or a value) take the key width. KIVI itself runs both at 2
-bits; the split is a choice to measure, not the paper's. Measured on Qwen2.5-0.5B (squad-evict,
-738 paired questions, docs/results.md): 4-bit keys with 8-bit values keep fp16's F1
-(−0.001 [−0.008, +0.005]); values at 2, 3 or 4 bits lose ~0.6–0.7 point whatever the keys
-(8-bit keys with 2-bit values −0.006 [−0.014, +0.002]); and 3-bit keys lose beyond chance
-even with 4-bit values (−0.014 [−0.024, −0.004]). So on that model keys need 4 bits, and no
-split of these widths reaches 4× fewer bytes without a measurable loss.
+bits; the split is a choice to measure, not the paper's. Widths are 2, 3, 4, 5, 6 or 8 (3, 5
+and 6 stored one code a byte, for "+zstd"). Measured on Qwen2.5-0.5B (docs/results.md,
+squad-evict): the teacher-forced KL of fp16's answers (`kvedge.bench.answer_kl`) adds up over
+keys and values, and a key bit costs more than a value bit — keys 0.00023 at 6 bits, 0.00078
+at 5, 0.0033 at 4, ~0.02 at 3; values 0.00013 at 5, 0.0004 at 4, ~0.002 at 3 — so at
+equal bytes 8-bit keys with 4-bit values move the answers 8× less than the reverse. 4-bit
+keys with 8-bit values keep fp16's F1 on 738 SQuAD questions (−0.001 [−0.008, +0.005]) but
+are not shown to on hotpot-kb's 300 (−0.004 [−0.020, +0.009]), and no setting of ≥ 4× fewer
+bytes moves the answers less than that one.
 """
 from __future__ import annotations
 
