@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import zstandard
 
+from kvedge.bench.answer_kl import divergence
 from kvedge.common.pack.calibrate import allocate_layer_bits
 from kvedge.common.pack.codecs import (CacheGen, Codec, IntCodec, Kvtc, Role, Zstd,
                                        codec_for_model, codec_names, get_codec, parse_spec)
@@ -220,10 +221,8 @@ def answer_metrics(rt, lm, preps: list[Prepared], codec: Codec) -> dict:
     per_item = []
     for i, p in enumerate(preps):
         keys, values = roundtrip(p, codec)
-        logp = forced_logp(rt, p, keys, values)
-        kl += float((p.logp.exp() * (p.logp - logp)).sum())
-        agree += int((logp.argmax(-1) == torch.tensor(p.answer)).sum())
-        n += len(p.answer)
+        d = divergence(p.logp, forced_logp(rt, p, keys, values), p.answer)
+        kl, agree, n = kl + d["kl"], agree + d["agree"], n + d["tokens"]
         out = greedy(rt, lm, p, keys, values)
         text = lm.tokenizer.decode(out, skip_special_tokens=True)
         per_item.append({"item": i, "same": out == p.answer,
@@ -258,9 +257,9 @@ def layer_sensitivity(rt, preps: list[Prepared], low: Codec, n_layers: int) -> l
     for layer in range(n_layers):
         kl = n = 0
         for p in preps:
-            logp = forced_logp(rt, p, *roundtrip(p, low, layers={layer}))
-            kl += float((p.logp.exp() * (p.logp - logp)).sum())
-            n += len(p.answer)
+            d = divergence(p.logp, forced_logp(rt, p, *roundtrip(p, low, layers={layer})),
+                           p.answer)
+            kl, n = kl + d["kl"], n + d["tokens"]
         out.append(kl / n)
     return out
 
