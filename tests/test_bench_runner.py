@@ -339,12 +339,15 @@ def test_settings_cross_swept_options_and_name_their_cells():
     from kvedge.bench.cli import _sweep
     assert _sweep(None, None, ["samkv:bias=true,false", "samkv:p=0.5"]) == {
         "samkv": {"bias": ["true", "false"], "p": [0.5]}}
+    from kvedge.common.pack.codecs import DEFAULT_CODEC as D  # a cell's codec unless named
     cell = Cell("reuse", "multidoc-facts", 3, "sparsex", 0.05, 100, options="boundary=0.1")
-    assert cell.key.endswith("/int8+zstd/boundary=0.1") and cell.option_values() == {
+    assert cell.key.endswith(f"/{D}/boundary=0.1") and cell.option_values() == {
         "boundary": "0.1"}
-    assert Cell("reuse", "t", 3, "a3", 0.15, 1).key == "reuse/t/3/a3/0.15/1/0/int8+zstd"
+    assert Cell("reuse", "t", 3, "a3", 0.15, 1).key == f"reuse/t/3/a3/0.15/1/0/{D}"
     assert Cell("reuse", "t", 3, "a3", 0.15, 1, kb_items=300).key == \
-        "reuse/t/3/a3/0.15/1/0/int8+zstd/kb300"
+        f"reuse/t/3/a3/0.15/1/0/{D}/kb300"
+    assert Cell("reuse", "t", 3, "a3", 0.15, 1, codec="int8+zstd").key == \
+        "reuse/t/3/a3/0.15/1/0/int8+zstd"  # an output folder made before the switch
     p = apply_overrides(preset("reuse", "tiny-llama"), ratios=[0.2],
                         sweeps={"sparsex": {"boundary": [0.3]}})
     assert {(c.method, c.budget, c.options) for c in p.cells()
