@@ -138,7 +138,7 @@ def test_strategy_options_and_top_k_ride_in_the_extension_field(edge):
     assert full["recomputed_tokens"] > 0
     variant = chat(edge, f"reg@{edge['variant']}")
     assert variant.model == f"default/reg@{edge['variant']}"
-    # the int4 variant against the base's default codec (6-bit keys, 4-bit values)
+    # the int4 variant against the base's default codec (5-bit keys, 4-bit values)
     assert variant.kvedge["bytes_loaded"] < chat(edge).kvedge["bytes_loaded"]
 
 

@@ -105,7 +105,7 @@ def test_a_ray_job_publishes_a_variant_the_gateway_lists_and_serves(cloud, clien
         assert len(data) == seg.pack_bytes and pack.id == seg.pack_id
         assert {e.codec for n, e in pack.manifest.tensors.items() if n.startswith("k.")} == {"int8"}
         pack.context()  # every tensor decodes and verifies
-    # 30 % kept as int8 against the DEFAULT_CODEC base (6-bit keys, 4-bit values): ~0.61 of
+    # 30 % kept as int8 against the DEFAULT_CODEC base (5-bit keys, 4-bit values): ~0.65 of
     # its bytes
     assert sum(s.pack_bytes for s in variant.segments) < 0.7 * sum(s.pack_bytes
                                                                    for s in base.segments)

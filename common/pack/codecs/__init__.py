@@ -13,9 +13,9 @@ import importlib
 
 # What an upload, a job and the benchmark store unless told otherwise: the smallest codec
 # shown answer-preserving (paired F1 vs fp16, 95 % interval above -1 point) on both real
-# suites with Qwen2.5-0.5B — 6-bit keys, 4-bit values, ~3x below fp16 (docs/codecs.md,
-# "Decision: the default is kivi K6V4").
-DEFAULT_CODEC = "kivi+zstd:key_bits=6,value_bits=4"
+# suites with Qwen2.5-0.5B — 5-bit keys, 4-bit values, ~3.4x below fp16 (docs/codecs.md,
+# "Decision: the default is kivi K5V4").
+DEFAULT_CODEC = "kivi+zstd:key_bits=5,value_bits=4"
 
 _EXPORTS = {
     "CODECS": "specs", "STAGES": "specs", "Codec": "base", "Role": "base", "Piece": "base",

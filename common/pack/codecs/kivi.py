@@ -17,8 +17,8 @@ at 5, 0.0033 at 4, ~0.02 at 3; values 0.00013 at 5, 0.0004 at 4, ~0.002 at 3 —
 equal bytes 8-bit keys with 4-bit values move the answers 8× less than the reverse. 4-bit
 keys with 8-bit values keep fp16's F1 on 738 SQuAD questions (−0.001 [−0.008, +0.005]) but
 are not shown to on hotpot-kb's 300 (−0.004 [−0.020, +0.009]), and no setting of ≥ 4× fewer
-bytes moves the answers less than that one. 6-bit keys with 4-bit values keep it on both
-(−0.003 [−0.007, +0.001] and +0.002 [−0.004, +0.008], ~3.1× below fp16): the default codec.
+bytes moves the answers less than that one. 5-bit keys with 4-bit values keep it on both
+(−0.003 [−0.008, +0.002] and +0.008 [−0.001, +0.020], ~3.4× below fp16): the default codec.
 """
 from __future__ import annotations
 
