@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from kvedge.common.pack.codecs import (CacheGen, IntCodec, Role, Zstd, codec_names, get_codec,
-                                       parse_spec, split_specs)
+from kvedge.common.pack.codecs import (DEFAULT_CODEC, CacheGen, IntCodec, Role, Zstd,
+                                       codec_names, get_codec, parse_spec, split_specs)
 from kvedge.common.pack.codecs.specs import Spec, parse
 from kvedge.common.pack.errors import InvalidCodecOption, UnknownCodec
 from kvedge.kernels.quant import QuantizedTensor, pack_codes, quantize, unpack_codes
@@ -199,7 +199,6 @@ def test_the_default_codec_is_read_without_torch():
             "print(DEFAULT_CODEC, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
-    from kvedge.common.pack.codecs import DEFAULT_CODEC
     assert out == [DEFAULT_CODEC, "False"]  # no torch
     get_codec(out[0])  # a registered codec, its options valid
 
