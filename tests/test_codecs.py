@@ -233,3 +233,26 @@ def test_kivi_gives_keys_and_values_their_own_widths():
     assert rel(codec.decode(k_parts, k_params), x) < rel(codec.decode(v_parts, v_params), x)
     with pytest.raises((InvalidCodecOption, ValueError)):
         get_codec("kivi:key_bits=7")
+
+
+def test_kivi_widths_by_layer():
+    from kvedge.common.pack.errors import InvalidCodecOption
+
+    x = kv_like(128)
+    codec = get_codec("kivi+zstd:key_bits=5,value_bits=4,key_layers=(6,4,4,5),"
+                      "value_layers=((0.5,5),(1.0,3))")
+    keys = [codec.encode(x, Role("key", layer=i, n_layers=4))[1]["inner"]["bits"]
+            for i in range(4)]
+    values = [codec.encode(x, Role("value", layer=i, n_layers=4))[1]["inner"]["bits"]
+              for i in range(4)]
+    assert (keys, values) == ([6, 4, 4, 5], [5, 5, 3, 3])
+    parts, params = codec.encode(x, Role("key", layer=1, n_layers=4))  # decodes as int4+zstd
+    same = get_codec("int4+zstd").encode(x, Role("key"))
+    assert torch.equal(codec.decode(parts, params), get_codec("int4+zstd").decode(*same))
+    plain = get_codec("kivi:key_bits=5,value_bits=4")  # no schedule: the scalar widths
+    assert plain.bits_for(Role("key", layer=3, n_layers=4)) == 5
+    with pytest.raises(ValueError, match="layers"):  # a per-layer list for another model
+        codec.encode(x, Role("key", layer=0, n_layers=24))
+    for bad in ("key_layers=(4,7)", "value_layers=((0.5,4),)", "key_layers=(("):
+        with pytest.raises((InvalidCodecOption, ValueError)):
+            get_codec(f"kivi:{bad}")

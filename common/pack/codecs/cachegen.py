@@ -8,14 +8,12 @@ released codec dropped it (outputs grew), and bench/codec_bench.py measures the 
 """
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 
 import torch
 
-from kvedge.common.errors import InvalidOption
 from kvedge.common.pack.codecs.base import CODECS, Codec, Role, expect, header
-from kvedge.common.pack.codecs.kivi import IntCodec, quantized_piece
+from kvedge.common.pack.codecs.kivi import IntCodec, layer_width, literal_option, quantized_piece
 from kvedge.common.registry import option, validate
 
 
@@ -39,16 +37,10 @@ class CacheGen(Codec):
     def __post_init__(self):
         validate(self)
         if isinstance(self.layer_bits, str):
-            self.layer_bits = _literal("layer_bits", self.layer_bits)
+            self.layer_bits = literal_option(self.name, "layer_bits", self.layer_bits)
 
     def bits_for(self, layer: int, n_layers: int) -> int:
-        if all(isinstance(b, int) for b in self.layer_bits):
-            if len(self.layer_bits) != n_layers:
-                raise ValueError(f"layer_bits lists {len(self.layer_bits)} layers, the model "
-                                 f"has {n_layers}")
-            return self.layer_bits[layer]
-        depth = (layer + 1) / n_layers
-        return next(b for limit, b in self.layer_bits if depth <= limit + 1e-9)
+        return layer_width(self.layer_bits, layer, n_layers, "layer_bits")
 
     def encode(self, x, role=Role()):
         n = x.shape[0]
@@ -74,14 +66,3 @@ class CacheGen(Codec):
                 quantized_piece(parts, params, n - head - tail, prefix="q_"),
                 expect(parts["tail"], (tail, dim), torch.float16, "tail")]
 
-
-def _literal(name: str, text: str):
-    """A tuple option given as text (a command line), parsed without evaluating code."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise InvalidOption(f"'cachegen' option {name!r} must be a Python literal such as "
-                            f"((0.25,4),(1.0,2)) or (4,4,2,...), got {text!r}") from None
-    if not isinstance(value, tuple):
-        raise InvalidOption(f"'cachegen' option {name!r} must be a tuple, got {text!r}")
-    return value

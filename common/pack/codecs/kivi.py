@@ -22,11 +22,13 @@ bytes moves the answers less than that one. 5-bit keys with 4-bit values keep it
 """
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import dataclass, field, make_dataclass
 
 import torch
 
+from kvedge.common.errors import InvalidOption
 from kvedge.common.pack.codecs.base import CODECS, Codec, Parts, Role, expect, header
 from kvedge.kernels.quant import BITS as WIDTHS
 from kvedge.kernels.quant import QuantizedTensor, codes_per_byte, quantize
@@ -88,24 +90,79 @@ Int8, Int4, Int3, Int2 = map(_fixed_width, (8, 4, 3, 2))
 @dataclass
 class Kivi(Codec):
     """Keys at `key_bits`, values at `value_bits`; each tensor's params name its width, so
-    decoding needs no option."""
+    decoding needs no option. `key_layers` / `value_layers`, when given, set the width layer
+    by layer instead, in CacheGen's `layer_bits` grammar (`layer_width`): one width per layer
+    (calibrated for one model) or a depth schedule ((depth, bits), ...) that fits any."""
 
     key_bits: int = option(4, 2, 8, "bits per key code (2-6 or 8)")
     value_bits: int = option(2, 2, 8, "bits per value code (2-6 or 8)")
     key_group: int = option(64, 1, None, "tokens per key group (keys: per channel)")
     value_group: int = option(64, 1, None, "channels per value group (values: per token)")
+    key_layers: tuple = option((), help="key widths by layer, over key_bits: (5,4,...) or "
+                               "((depth, bits), ...)")
+    value_layers: tuple = option((), help="value widths by layer, over value_bits")
 
     name = "kivi"
 
     def __post_init__(self):
         validate(self)
-        for width in (self.key_bits, self.value_bits):
+        for which in ("key_layers", "value_layers"):
+            if isinstance(getattr(self, which), str):
+                setattr(self, which, literal_option(self.name, which, getattr(self, which)))
+        widths = (self.key_bits, self.value_bits, *_widths(self.key_layers),
+                  *_widths(self.value_layers))
+        for width in widths:
             if width not in WIDTHS:
                 raise ValueError(f"kivi widths are {WIDTHS}, not {width}")
 
+    def bits_for(self, role: Role) -> int:
+        """The width of a tensor of this role: its kind's, its layer's when set by layer."""
+        value = role.kind == "value"
+        layers = self.value_layers if value else self.key_layers
+        if layers:
+            return layer_width(layers, role.layer, role.n_layers,
+                               "value_layers" if value else "key_layers")
+        return self.value_bits if value else self.key_bits
+
     def encode(self, x, role=Role()):
-        bits = self.value_bits if role.kind == "value" else self.key_bits
-        return IntCodec(bits, self.key_group, self.value_group).encode(x, role)
+        return IntCodec(self.bits_for(role), self.key_group, self.value_group).encode(x, role)
 
     def pieces(self, parts, params):
         return [quantized_piece(parts, params, params["shape"][0])]
+
+
+def layer_width(schedule: tuple, layer: int, n_layers: int, name: str = "layer_bits") -> int:
+    """Layer `layer`'s width under `schedule`: one width per layer (its length must be the
+    model's layer count), or a depth schedule ((depth, bits), ...) — the first entry whose
+    depth reaches (layer + 1) / n_layers, so ((0.25, 4), (1.0, 2)) gives the first quarter of
+    the layers 4 bits and the rest 2 (CacheGen's rule)."""
+    if all(isinstance(b, int) for b in schedule):
+        if len(schedule) != n_layers:
+            raise ValueError(f"{name} lists {len(schedule)} layers, the model has {n_layers}")
+        return schedule[layer]
+    depth = (layer + 1) / n_layers
+    return next(b for limit, b in schedule if depth <= limit + 1e-9)
+
+
+def _widths(schedule: tuple) -> list[int]:
+    """The widths a schedule names; ValueError if it is neither form or stops short of the
+    last layer."""
+    if all(isinstance(b, int) for b in schedule):
+        return list(schedule)
+    if not all(isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], int)
+               for e in schedule) or schedule[-1][0] < 1.0:
+        raise ValueError(f"a width schedule is (bits, ...) or ((depth, bits), ...) ending at "
+                         f"depth 1.0, not {schedule}")
+    return [b for _, b in schedule]
+
+
+def literal_option(codec: str, name: str, text: str) -> tuple:
+    """A tuple option given as text (a command line), parsed without evaluating code."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise InvalidOption(f"{codec!r} option {name!r} must be a Python literal such as "
+                            f"((0.25,4),(1.0,2)) or (4,4,2,...), got {text!r}") from None
+    if not isinstance(value, tuple):
+        raise InvalidOption(f"{codec!r} option {name!r} must be a tuple, got {text!r}")
+    return value
