@@ -256,3 +256,21 @@ def test_kivi_widths_by_layer():
     for bad in ("key_layers=(4,7)", "value_layers=((0.5,4),)", "key_layers=(("):
         with pytest.raises((InvalidCodecOption, ValueError)):
             get_codec(f"kivi:{bad}")
+
+
+def test_allocate_kv_widths_lowers_the_cheapest_damage_per_byte_first():
+    from kvedge.common.pack.calibrate import allocate_kv_widths
+
+    keys = {5: [100, 100, 100], 4: [80, 80, 80]}
+    values = {4: [80, 80, 80], 3: [70, 70, 70], 2: [40, 40, 40]}
+    steps_k, steps_v = [1.0, 0.001, 1.0], [1.0, 1.0, 0.001]
+    assert allocate_kv_widths(steps_k, steps_v, keys, values, 600) == ((5, 5, 5), (4, 4, 4), 540)
+    # 20 bytes to save: key layer 1 (20 B for 0.001, 5e-5 a byte) before value layer 2 (10 B
+    # for 0.001 at 3 bits, 1e-4 a byte; 40 B for 5 x 0.001 at 2 bits, 1.25e-4)
+    assert allocate_kv_widths(steps_k, steps_v, keys, values, 520) == ((5, 4, 5), (4, 4, 4), 520)
+    # then value layer 2 to 3 bits (1e-4 a byte), then on to 2 (0.004 for 30 B): two bits
+    # below the top adds 5x the measured step (quantization noise, 4x a bit)
+    k, v, total = allocate_kv_widths(steps_k, steps_v, keys, values, 490)
+    assert (k, v, total) == ((5, 4, 5), (4, 4, 2), 480)
+    with pytest.raises(ValueError, match="narrowest"):
+        allocate_kv_widths(steps_k, steps_v, keys, values, 300)

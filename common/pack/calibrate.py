@@ -1,10 +1,11 @@
 """Calibrating codecs for a model: bit allocations, and the text kvtc calibrates on. Torch-free.
 
-Two allocators, both spending a byte budget where it removes the most damage:
-`allocate_layer_bits` (one width per layer, CacheGen) and `allocate_components` (one
-quantizer per principal component, kvtc). `CALIBRATION_TEXT` is what kvtc's transform is
-fitted on: varied prose, lists, code, tables and dialogue, written for it and used by nothing
-that is evaluated (the benchmarks' texts are generated or come from the demo KB).
+Three allocators, each spending a byte budget where it removes the most damage:
+`allocate_layer_bits` (one width per layer, CacheGen), `allocate_kv_widths` (a key and a
+value width per layer, kivi, from a measure of each layer's damage) and `allocate_components`
+(one quantizer per principal component, kvtc). `CALIBRATION_TEXT` is what kvtc's transform
+is fitted on: varied prose, lists, code, tables and dialogue, written for it and used by
+nothing that is evaluated (the benchmarks' texts are generated or come from the demo KB).
 
 CacheGen (arXiv:2310.07240, Sec. 5.2) gives shallow layers more bits on the premise that
 their KV matters more. Measured on SmolLM2-135M the premise does not hold — a handful of
@@ -52,6 +53,46 @@ def allocate_layer_bits(sensitivity: list[float], sizes: dict[int, list[int]],
             return tuple(widths[lv] for lv in level)
         level[best] += 1
         total += best_extra
+
+
+def allocate_kv_widths(key_steps: list[float], value_steps: list[float],
+                       key_sizes: dict[int, list[int]], value_sizes: dict[int, list[int]],
+                       budget: float) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+    """A key width and a value width per layer, total size within `budget` bytes, lowered
+    from the widest where it adds the least damage.
+
+    key_sizes[bits][l]: bytes layer l's keys take at that width (likewise values); the widest
+    listed is where every layer starts. key_steps[l]: the damage measured when layer l alone
+    goes one width down (to the second-widest listed); further down it is extrapolated as
+    quantization noise, 4× per bit, so b bits below the top adds steps[l] · (4^b − 1) / 3.
+    Greedy: the lowering (one tensor kind of one layer, to any narrower width) with the least
+    added damage per byte saved is taken, until the total fits. Returns (key widths, value
+    widths, total bytes); ValueError if even the narrowest widths do not fit."""
+    kinds = {"K": (key_steps, key_sizes), "V": (value_steps, value_sizes)}
+    width = {k: [max(sizes)] * len(steps) for k, (steps, sizes) in kinds.items()}
+    total = float(sum(sizes[max(sizes)][i] for steps, sizes in kinds.values()
+                      for i in range(len(steps))))
+
+    def damage(kind: str, layer: int, bits: int) -> float:
+        steps, sizes = kinds[kind]
+        return steps[layer] * (4 ** (max(sizes) - bits) - 1) / 3
+
+    while total > budget:
+        best = None
+        for kind, (steps, sizes) in kinds.items():
+            for layer, now in enumerate(width[kind]):
+                for bits in (b for b in sizes if b < now):
+                    saved = sizes[now][layer] - sizes[bits][layer]
+                    if saved > 0:
+                        cost = (damage(kind, layer, bits) - damage(kind, layer, now)) / saved
+                        if best is None or cost < best[0]:
+                            best = (cost, kind, layer, bits, saved)
+        if best is None:
+            raise ValueError(f"even the narrowest widths take {total:.0f} bytes > {budget:.0f}")
+        _, kind, layer, bits, saved = best
+        width[kind][layer] = bits
+        total -= saved
+    return tuple(width["K"]), tuple(width["V"]), total
 
 
 def allocate_components(error: np.ndarray, rate: np.ndarray, budget: float,
