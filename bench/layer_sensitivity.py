@@ -16,7 +16,7 @@ The allocation (`kvedge.common.pack.calibrate.allocate_kv_widths`) lowers, from 
 (layer, K or V, width) whose added damage per byte saved is least, until the tensors take at
 most fp16 / `ratio` bytes. Widths beyond the second are not measured: their damage is
 extrapolated as quantization noise (4× per bit: two bits below the base adds 5× one bit's).
-What it prints is a codec spec (`kivi+zstd:...,key_layers=(...),value_layers=(...)`) for one
+What it prints is a codec spec (`kivi+zstd:...,key_layers=4454...,value_layers=...`) for one
 model, to be judged by the F1 cells (`kvctl bench run --suite evict --tasks squad-evict`, and
 hotpot-kb), not by this screen: 20 questions rank layers, they do not prove answers kept.
 """
@@ -121,9 +121,10 @@ def allocate(row: dict, ratio: float, floor: float = 1e-5) -> tuple[tuple, tuple
 
 
 def spec(keys: tuple, values: tuple, row: dict) -> str:
-    flat = ",".join
+    """The kivi spec of these widths, one digit a layer (a name a KB variant can carry)."""
+    digits = "".join
     return (f"{kivi(row['key_widths'][0], row['value_widths'][0])},"
-            f"key_layers=({flat(map(str, keys))}),value_layers=({flat(map(str, values))})")
+            f"key_layers={digits(map(str, keys))},value_layers={digits(map(str, values))}")
 
 
 def table(row: dict) -> str:

@@ -236,6 +236,7 @@ def test_kivi_gives_keys_and_values_their_own_widths():
 
 
 def test_kivi_widths_by_layer():
+    from kvedge.common.net.auth import VARIANT_RE
     from kvedge.common.pack.errors import InvalidCodecOption
 
     x = kv_like(128)
@@ -249,6 +250,10 @@ def test_kivi_widths_by_layer():
     parts, params = codec.encode(x, Role("key", layer=1, n_layers=4))  # decodes as int4+zstd
     same = get_codec("int4+zstd").encode(x, Role("key"))
     assert torch.equal(codec.decode(parts, params), get_codec("int4+zstd").decode(*same))
+    digits = get_codec("kivi+zstd:key_layers=6445,value_layers=((0.5,5),(1.0,3))")
+    assert digits.inner.key_layers == (6, 4, 4, 5)  # one digit a layer: a variant's name
+    assert VARIANT_RE.fullmatch("none-1-kivi+zstd:key_bits=5,value_bits=4,key_layers="
+                                + "45" * 12 + ",value_layers=" + "34" * 12)
     plain = get_codec("kivi:key_bits=5,value_bits=4")  # no schedule: the scalar widths
     assert plain.bits_for(Role("key", layer=3, n_layers=4)) == 5
     with pytest.raises(ValueError, match="layers"):  # a per-layer list for another model

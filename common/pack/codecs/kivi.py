@@ -98,8 +98,8 @@ class Kivi(Codec):
     value_bits: int = option(2, 2, 8, "bits per value code (2-6 or 8)")
     key_group: int = option(64, 1, None, "tokens per key group (keys: per channel)")
     value_group: int = option(64, 1, None, "channels per value group (values: per token)")
-    key_layers: tuple = option((), help="key widths by layer, over key_bits: (5,4,...) or "
-                               "((depth, bits), ...)")
+    key_layers: tuple = option((), help="key widths by layer, over key_bits: 5445... (one "
+                               "digit a layer), (5,4,...) or ((depth, bits), ...)")
     value_layers: tuple = option((), help="value widths by layer, over value_bits")
 
     name = "kivi"
@@ -157,7 +157,11 @@ def _widths(schedule: tuple) -> list[int]:
 
 
 def literal_option(codec: str, name: str, text: str) -> tuple:
-    """A tuple option given as text (a command line), parsed without evaluating code."""
+    """A tuple option given as text (a command line), parsed without evaluating code. A
+    string of digits is one width per layer ("5445" = (5, 4, 4, 5)): the spelling that fits
+    a KB variant's name (`common.net.auth.VARIANT_RE`: no parentheses, ≤ 128 characters)."""
+    if text.isdigit():
+        return tuple(int(c) for c in text)
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
