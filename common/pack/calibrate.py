@@ -69,13 +69,12 @@ def allocate_kv_widths(key_steps: list[float], value_steps: list[float],
     added damage per byte saved is taken, until the total fits. Returns (key widths, value
     widths, total bytes); ValueError if even the narrowest widths do not fit."""
     kinds = {"K": (key_steps, key_sizes), "V": (value_steps, value_sizes)}
-    width = {k: [max(sizes)] * len(steps) for k, (steps, sizes) in kinds.items()}
-    total = float(sum(sizes[max(sizes)][i] for steps, sizes in kinds.values()
-                      for i in range(len(steps))))
+    top = {k: max(sizes) for k, (_, sizes) in kinds.items()}  # where every layer starts
+    width = {k: [top[k]] * len(steps) for k, (steps, _) in kinds.items()}
+    total = float(sum(sum(sizes[top[k]][:len(steps)]) for k, (steps, sizes) in kinds.items()))
 
     def damage(kind: str, layer: int, bits: int) -> float:
-        steps, sizes = kinds[kind]
-        return steps[layer] * (4 ** (max(sizes) - bits) - 1) / 3
+        return kinds[kind][0][layer] * (4 ** (top[kind] - bits) - 1) / 3
 
     while total > budget:
         best = None
