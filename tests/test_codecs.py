@@ -157,6 +157,9 @@ def test_options_from_a_command_line_are_converted_and_checked():
             get_codec("int4", **bad)
     with pytest.raises(InvalidCodecOption, match="layer_bits"):
         get_codec("cachegen", layer_bits="((")
+    for bad in ("(4,7,4)", "((0.5,4),)", "((0.5,4),(1.0,9))"):  # refused before any encode
+        with pytest.raises((InvalidCodecOption, ValueError)):
+            get_codec("cachegen+zstd", layer_bits=bad)
 
 
 def test_a_spec_is_parsed_once_and_each_caller_gets_its_own_options():
@@ -279,3 +282,37 @@ def test_allocate_kv_widths_lowers_the_cheapest_damage_per_byte_first():
     assert (k, v, total) == ((5, 4, 5), (4, 4, 2), 480)
     with pytest.raises(ValueError, match="narrowest"):
         allocate_kv_widths(steps_k, steps_v, keys, values, 300)
+
+
+def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
+    """`kivi:calibrated=true` encodes with the widths recorded for the encoding model (its
+    registry entry) and with key_bits/value_bits for a model without them; the pack names
+    each tensor's width, so reading it needs nothing from the registry."""
+    from dataclasses import replace
+
+    from kvedge.common.model import models
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.pack.codecs import codec_for_model
+    from kvedge.common.pack.format import encode_pack, open_pack
+    from kvedge.common.pack.prefill import segment_context
+
+    spec = "kivi+zstd:key_bits=5,value_bits=4,calibrated=true"
+    rt = Runtime(models.load_model("tiny-llama"))
+    assert codec_for_model(spec, rt) == spec  # nothing recorded for tiny-llama: K5 V4
+    entry = models.REGISTRY["tiny-llama"]
+    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kv_widths=("456", "342")))
+    bound = codec_for_model(spec, rt)
+    assert (bound.inner.key_layers, bound.inner.value_layers) == ((4, 5, 6), (3, 4, 2))
+    assert codec_for_model(get_codec(spec), rt) == bound
+    given = "kivi+zstd:key_bits=5,value_bits=4,calibrated=true,key_layers=888"
+    assert codec_for_model(given, rt) == given  # widths written in the spec win
+    ctx = segment_context(rt, list(range(3, 40)), fingerprint=rt.loaded.fingerprint,
+                          tokenizer_id=rt.loaded.tokenizer_id, namespace="t")
+    pack = open_pack(encode_pack(ctx, bound))
+    widths = {name: entry.params["inner"]["bits"] for name, entry in pack.manifest.tensors.items()
+              if entry.codec == "kivi+zstd"}
+    assert [widths[f"k.{layer}.0"] for layer in range(3)] == [4, 5, 6]
+    assert [widths[f"v.{layer}.1"] for layer in range(3)] == [3, 4, 2]
+    assert pack.tensor("v.2.1").shape == ctx.values[2][1].shape
+    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kv_widths=("45", "34")))
+    assert codec_for_model(spec, rt) == spec  # recorded for another depth: not applied

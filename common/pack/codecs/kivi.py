@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import math
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 
 import torch
 
@@ -101,6 +101,9 @@ class Kivi(Codec):
     key_layers: tuple = option((), help="key widths by layer, over key_bits: 5445... (one "
                                "digit a layer), (5,4,...) or ((depth, bits), ...)")
     value_layers: tuple = option((), help="value widths by layer, over value_bits")
+    calibrated: bool = option(False, help="widths by layer from the allocation measured for "
+                              "the encoding model (its registry entry), bound at encode time; "
+                              "key_bits/value_bits for a model without one")
 
     name = "kivi"
 
@@ -109,8 +112,8 @@ class Kivi(Codec):
         for which in ("key_layers", "value_layers"):
             if isinstance(getattr(self, which), str):
                 setattr(self, which, literal_option(self.name, which, getattr(self, which)))
-        widths = (self.key_bits, self.value_bits, *_widths(self.key_layers),
-                  *_widths(self.value_layers))
+        widths = (self.key_bits, self.value_bits, *schedule_widths(self.key_layers),
+                  *schedule_widths(self.value_layers))
         for width in widths:
             if width not in WIDTHS:
                 raise ValueError(f"kivi widths are {WIDTHS}, not {width}")
@@ -126,6 +129,25 @@ class Kivi(Codec):
 
     def encode(self, x, role=Role()):
         return IntCodec(self.bits_for(role), self.key_group, self.value_group).encode(x, role)
+
+    def for_model(self, rt, store=None) -> "Kivi":
+        """`calibrated`: a copy with the widths by layer measured for `rt`'s model (its
+        registry entry's `kv_widths`, from `kvedge.bench.layer_sensitivity` and judged by F1
+        cells); itself when not calibrated, when widths by layer are given (they win), or
+        when the model has none recorded or a different depth (a folder loaded by path is
+        not recognised: its entry is found by the registry name)."""
+        if not self.calibrated or self.key_layers or self.value_layers:
+            return self
+        from kvedge.common.model.models import REGISTRY
+
+        entry = REGISTRY.get(rt.loaded.name)
+        widths = entry.kv_widths if entry else None
+        n_layers = rt.loaded.config.num_hidden_layers
+        if not widths or any(len(w) != n_layers for w in widths):
+            return self
+        key_layers, value_layers = (literal_option(self.name, n, w)
+                                    for n, w in zip(("key_layers", "value_layers"), widths))
+        return replace(self, key_layers=key_layers, value_layers=value_layers)
 
     def pieces(self, parts, params):
         return [quantized_piece(parts, params, params["shape"][0])]
@@ -144,7 +166,7 @@ def layer_width(schedule: tuple, layer: int, n_layers: int, name: str = "layer_b
     return next(b for limit, b in schedule if depth <= limit + 1e-9)
 
 
-def _widths(schedule: tuple) -> list[int]:
+def schedule_widths(schedule: tuple) -> list[int]:
     """The widths a schedule names; ValueError if it is neither form or stops short of the
     last layer."""
     if all(isinstance(b, int) for b in schedule):

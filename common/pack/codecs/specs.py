@@ -4,7 +4,8 @@ A spec is a base codec followed by stages joined with '+'. Options go to the bas
 values or as strings (a command line's), converted and range-checked by its fields. A spec
 may carry them after a colon, "cachegen+zstd:recent=64,sinks=8" or "kvtc:bits=1.5", so one
 string travels from a command line through an upload or a job to the worker, which binds it
-to its model (`codec_for_model`: kvtc only). A spec is parsed once per process (`parse`).
+to its model (`codec_for_model`: kvtc, calibrated kivi). A spec is parsed once per process
+(`parse`).
 """
 from __future__ import annotations
 
@@ -52,18 +53,22 @@ def get_codec(spec: str, **options) -> Codec:
 
 
 def codec_for_model(codec: str | Codec, rt, store: kvtc.TransformStore | None = None):
-    """What a worker encodes with: kvtc (alone or under a stage, "kvtc+zstd") bound to the
-    calibrated transform of `rt`'s model (`Kvtc.for_model`: fitted and saved on first use);
-    any other codec as it was given — its spec is not even built: only kvtc needs the model."""
+    """What a worker encodes with: a codec that binds to its model (`for_model`: kvtc to the
+    calibrated transform of `rt`'s model, fitted and saved on first use; kivi `calibrated` to
+    the model's measured widths by layer), alone or under a stage ("kvtc+zstd"), bound; any
+    other codec as it was given — its spec is not even built unless its base can bind."""
     built = codec
     if isinstance(codec, str):
-        if parse(codec).base != kvtc.Kvtc.name:
-            return codec
+        base = parse(codec).base
+        if base not in CODECS or not hasattr(CODECS[base], "for_model"):
+            return codec  # get_codec names the unknown base where the codec is used
         built = get_codec(codec)
     inner = getattr(built, "inner", built)
-    if not isinstance(inner, kvtc.Kvtc) or inner.transform:
+    if not hasattr(inner, "for_model"):
         return codec
     bound = inner.for_model(rt, store)
+    if bound is inner:
+        return codec
     return bound if inner is built else replace(built, inner=bound)
 
 
