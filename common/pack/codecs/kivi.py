@@ -140,9 +140,9 @@ class Kivi(Codec):
             return self
         from kvedge.common.model.models import REGISTRY
 
-        entry = REGISTRY.get(rt.loaded.name)
+        entry = REGISTRY.get(getattr(rt.loaded, "name", None))  # a bare module has no name
         widths = entry.kv_widths if entry else None
-        n_layers = rt.loaded.config.num_hidden_layers
+        n_layers = rt.config.num_hidden_layers
         if not widths or any(len(w) != n_layers for w in widths):
             return self
         key_layers, value_layers = (literal_option(self.name, n, w)
