@@ -19,6 +19,8 @@ extrapolated as quantization noise (4Ã— per bit: two bits below the base adds 5Ã
 What it prints is a codec spec (`kivi+zstd:...,key_layers=4454...,value_layers=...`) for one
 model, to be judged by the F1 cells (`kvctl bench run --suite evict --tasks squad-evict`, and
 hotpot-kb), not by this screen: 20 questions rank layers, they do not prove answers kept.
+Widths that pass both go into the model's registry entry (`kivi_options` in
+`kvedge.common.model.models`), where the default codec (`kivi ... calibrated=true`) binds them.
 """
 from __future__ import annotations
 
