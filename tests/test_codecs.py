@@ -292,11 +292,10 @@ def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
 
     from kvedge.common.model import models
     from kvedge.common.model.runtime import Runtime
+    from kvedge.common.net.auth import VARIANT_RE
     from kvedge.common.pack.codecs import codec_for_model
     from kvedge.common.pack.format import encode_pack, open_pack
     from kvedge.common.pack.prefill import segment_context
-
-    from kvedge.common.net.auth import VARIANT_RE
 
     spec = DEFAULT_CODEC  # the default binds: K5 V4 for a model without widths by layer
     assert spec == "kivi+zstd:key_bits=5,value_bits=4,calibrated=true"
@@ -315,8 +314,8 @@ def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
     ctx = segment_context(rt, list(range(3, 40)), fingerprint=rt.loaded.fingerprint,
                           tokenizer_id=rt.loaded.tokenizer_id, namespace="t")
     pack = open_pack(encode_pack(ctx, bound))
-    widths = {name: entry.params["inner"]["bits"] for name, entry in pack.manifest.tensors.items()
-              if entry.codec == "kivi+zstd"}
+    widths = {name: t.params["inner"]["bits"] for name, t in pack.manifest.tensors.items()
+              if t.codec == "kivi+zstd"}
     assert [widths[f"k.{layer}.0"] for layer in range(3)] == [4, 5, 6]
     assert [widths[f"v.{layer}.1"] for layer in range(3)] == [3, 4, 2]
     assert pack.tensor("v.2.1").shape == ctx.values[2][1].shape

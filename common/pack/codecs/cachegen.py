@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from kvedge.common.pack.codecs.base import CODECS, Codec, Role, expect, header
-from kvedge.common.pack.codecs.kivi import (IntCodec, layer_width, literal_option,
-                                            quantized_piece, schedule_widths)
-from kvedge.kernels.quant import BITS as WIDTHS
+from kvedge.common.pack.codecs.kivi import (IntCodec, check_widths, layer_width,
+                                            literal_option, quantized_piece, schedule_widths)
 from kvedge.common.registry import option, validate
 
 
@@ -40,9 +39,7 @@ class CacheGen(Codec):
         validate(self)
         if isinstance(self.layer_bits, str):
             self.layer_bits = literal_option(self.name, "layer_bits", self.layer_bits)
-        bad = [w for w in schedule_widths(self.layer_bits) if w not in WIDTHS]
-        if bad:  # refused where the spec is written, not in a worker mid-upload
-            raise ValueError(f"cachegen widths are {WIDTHS}, not {bad[0]}")
+        check_widths(self.name, schedule_widths(self.layer_bits))
 
     def bits_for(self, layer: int, n_layers: int) -> int:
         return layer_width(self.layer_bits, layer, n_layers, "layer_bits")

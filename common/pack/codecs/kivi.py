@@ -112,11 +112,9 @@ class Kivi(Codec):
         for which in ("key_layers", "value_layers"):
             if isinstance(getattr(self, which), str):
                 setattr(self, which, literal_option(self.name, which, getattr(self, which)))
-        widths = (self.key_bits, self.value_bits, *schedule_widths(self.key_layers),
-                  *schedule_widths(self.value_layers))
-        for width in widths:
-            if width not in WIDTHS:
-                raise ValueError(f"kivi widths are {WIDTHS}, not {width}")
+        check_widths(self.name, (self.key_bits, self.value_bits,
+                                 *schedule_widths(self.key_layers),
+                                 *schedule_widths(self.value_layers)))
 
     def bits_for(self, role: Role) -> int:
         """The width of a tensor of this role: its kind's, its layer's when set by layer."""
@@ -177,6 +175,14 @@ def schedule_widths(schedule: tuple) -> list[int]:
         raise ValueError(f"a width schedule is (bits, ...) or ((depth, bits), ...) ending at "
                          f"depth 1.0, not {schedule}")
     return [b for _, b in schedule]
+
+
+def check_widths(codec: str, widths) -> None:
+    """ValueError naming the first width no quantizer stores: refused where the spec is
+    written, not in a worker mid-upload."""
+    for width in widths:
+        if width not in WIDTHS:
+            raise ValueError(f"{codec} widths are {WIDTHS}, not {width}")
 
 
 def literal_option(codec: str, name: str, text: str) -> tuple:
