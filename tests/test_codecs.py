@@ -11,7 +11,7 @@ from kvedge.kernels.quant import QuantizedTensor, pack_codes, quantize, unpack_c
 # relative L2 error bound per base codec on Gaussian data (per-token worst case)
 BOUNDS = {"fp32": 1e-7, "fp16": 1e-3, "bf16": 1e-2, "int8": 0.02, "int4": 0.2, "int3": 0.4,
           "int2": 0.9,
-          "cachegen": 0.9, "kvtc": 0.3, "kivi": 0.9}  # kvtc unbound: each head fitted on its own rows
+          "cachegen": 0.9, "kvtc": 0.3, "kivi": 0.9, "rdq": 0.1}  # kvtc unbound: each head fitted on its own rows
 
 
 def kv_like(n: int, dim: int = 64, seed: int = 0) -> torch.Tensor:

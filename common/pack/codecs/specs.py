@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from kvedge.common.errors import InvalidOption
-from kvedge.common.pack.codecs import cachegen, floats, kivi, kvtc, zstd  # noqa: F401 - registers
+from kvedge.common.pack.codecs import cachegen, floats, kivi, kvtc, rdq, zstd  # noqa: F401
 from kvedge.common.pack.codecs.base import CODECS, STAGES, Codec
 from kvedge.common.pack.errors import InvalidCodecOption, UnknownCodec
 

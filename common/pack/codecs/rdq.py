@@ -1,0 +1,205 @@
+"""`rdq`: rate-distortion quantization — every channel at the step reverse water-filling gives
+it, the codes range-coded under a Gaussian per channel.
+
+Why. kivi spends its bytes where min-max puts them: each 64-token group of a key channel
+(each token's value row) gets 2^b levels across its own range, plus an fp16 scale and zero
+(8-10 % of a Qwen2.5-0.5B pack), and zstd codes the levels with one Huffman table for all
+channels. Two results say where the bytes should go instead:
+
+- *Reverse water-filling* (Cover & Thomas, "Elements of Information Theory", 2nd ed., §10.3.3,
+  Theorem 10.3.3): for independent Gaussian components the rate-distortion optimum gives
+  every component the same distortion. When an error in channel c costs w_c·e², the same
+  weighted distortion: step_c ∝ w_c^(-1/2).
+- *Entropy-coded uniform scalar quantization* is within 0.25 bit of the rate-distortion bound
+  at high rate (Gish & Pierce, "Asymptotically efficient quantizing", IEEE Trans. IT 1968), so
+  a uniform step per channel, coded to its entropy, is all the quantizer needs.
+
+The weights (decided here, not from a paper; measured in docs/codecs.md): a key channel's
+error moves attention logits by q_c·e_c, so w_c = E[q_c²] over the queries of the KV head's
+query heads, averaged over each RoPE pair (c, c + D/2: the rotation mixes them), measured once
+per model on `calibrate.CALIBRATION_TEXT` (`for_model`); a value channel's error reaches the
+output through o_proj, so w_c = Σ over the head's query heads of ‖W_o[:, h·D + c]‖². Without a
+model (a bare codec, a test) every channel weighs the same. Tokens all weigh the same: which
+of them attention will read is not known when a KB is compressed.
+
+The step. With σ_c the channel's standard deviation over the tensor's tokens,
+step_c = κ / (2^b − 1) · sqrt(mean_c(w_c·σ_c²) / w_c), κ = 4.8: at weight 1 everywhere, the
+step b-bit min-max gives a Gaussian channel over a 64-token group (its range is ≈ 4.8 σ), so
+`key_bits`/`value_bits` (and the widths by layer, `calibrated` binding the model's as kivi
+does) keep kivi's meaning of resolution and its measured allocation; the weights only move
+the levels between channels, at the same weighted error in total. Codes are
+round((x − center_c) / step_c) with center_c the channel's mean, unbounded integers; the
+range coder (`constriction`'s, Bamler 2022) codes them under a Gaussian of the channel's
+code standard deviation, stored with the step and center (three fp16 per channel: 384 bytes a
+64-dim head, ~2.5 % of a 150-token paragraph's pack). Decoding needs only the pack.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from kvedge.common.pack.codecs.base import CODECS, Codec, Role, expect, header
+from kvedge.common.pack.codecs.kivi import layer_width, literal_option, schedule_widths
+from kvedge.common.registry import option, validate
+
+KAPPA = 4.8  # the range of 64 Gaussian samples, in standard deviations (≈ 2·2.4σ)
+_MIN_SD = 0.05  # a code sd below this is a constant channel: the coder needs sd > 0
+
+
+@CODECS.register
+@dataclass
+class Rdq(Codec):
+    """Keys and values at a resolution of `key_bits`/`value_bits` (the step b-bit min-max
+    gives an unweighted Gaussian channel), or widths by layer as kivi takes them."""
+
+    key_bits: int = option(5, 2, 12, "key resolution: bits of min-max with the same error")
+    value_bits: int = option(4, 2, 12, "value resolution: bits of min-max with the same error")
+    key_layers: tuple = option((), help="key resolution by layer, over key_bits (kivi's form)")
+    value_layers: tuple = option((), help="value resolution by layer, over value_bits")
+    key_shift: float = option(0.0, -4.0, 4.0, "bits added to every key resolution")
+    value_shift: float = option(0.0, -4.0, 4.0, "bits added to every value resolution")
+    calibrated: bool = option(False, help="resolution by layer from the model's registry entry "
+                              "(its kivi_options), bound at encode time with the weights")
+    weighted: bool = option(True, help="steps by each channel's weight in attention (bound at "
+                            "encode time, `for_model`); false: every channel weighs the same")
+    weights: dict | None = field(default=None, repr=False, compare=False)
+
+    name = "rdq"
+
+    def __post_init__(self):
+        validate(self)
+        for which in ("key_layers", "value_layers"):
+            if isinstance(getattr(self, which), str):
+                setattr(self, which, literal_option(self.name, which, getattr(self, which)))
+        for width in (*schedule_widths(self.key_layers), *schedule_widths(self.value_layers)):
+            if not 2 <= width <= 12:
+                raise ValueError(f"rdq resolutions are 2-12 bits, not {width}")
+
+    def bits_for(self, role: Role) -> float:
+        """The tensor's resolution: its kind's or its layer's width, plus its kind's shift."""
+        value = role.kind == "value"
+        layers = self.value_layers if value else self.key_layers
+        shift = self.value_shift if value else self.key_shift
+        if layers:
+            return shift + layer_width(layers, role.layer, role.n_layers,
+                                       "value_layers" if value else "key_layers")
+        return shift + (self.value_bits if value else self.key_bits)
+
+    def for_model(self, rt, store=None) -> "Rdq":
+        """A copy with `rt`'s channel weights (`weighted`) and, `calibrated`, the model's
+        recorded widths by layer (kivi's `for_model` rule)."""
+        from kvedge.common.pack.codecs.kivi import Kivi
+
+        bound = self
+        if self.calibrated:
+            widths = Kivi(calibrated=True, key_layers=self.key_layers,
+                          value_layers=self.value_layers).for_model(rt)
+            bound = replace(self, key_layers=widths.key_layers, value_layers=widths.value_layers)
+        if self.weighted and self.weights is None:
+            bound = replace(bound, weights=channel_weights(rt))
+        return bound
+
+    def encode(self, x, role=Role()):
+        x32 = x.to(torch.float32)
+        w = self._weight(role, x.shape[1])
+        step = steps(x32, w, self.bits_for(role)).to(torch.float16)
+        center = x32.mean(0).to(torch.float16) if x.shape[0] else torch.zeros(x.shape[1],
+                                                                              dtype=torch.float16)
+        codes = torch.round((x32 - center.float()) / step.float()).to(torch.int32)
+        sd = torch.clamp(codes.float().std(0, correction=0) if x.shape[0] else
+                         torch.zeros(x.shape[1]), min=_MIN_SD).to(torch.float16)
+        bound = max(1, int(codes.abs().max()) if codes.numel() else 0)  # the coder needs 2+
+        data = range_encode(codes.numpy(), sd.float().numpy(), bound)
+        parts = {"codes": torch.from_numpy(data), "step": step, "center": center, "sd": sd}
+        return parts, {**header(x), "bound": bound}
+
+    def _weight(self, role: Role, dim: int) -> torch.Tensor:
+        if not self.weighted or not self.weights or role.kind not in self.weights:
+            return torch.ones(dim)
+        w = self.weights[role.kind]
+        if role.layer >= w.shape[0] or role.head >= w.shape[1] or w.shape[2] != dim:
+            return torch.ones(dim)
+        return w[role.layer, role.head]
+
+    def pieces(self, parts, params):
+        n, dim = (int(s) for s in params["shape"])
+        bound = int(params["bound"])
+        step, center, sd = (expect(parts[p], (dim,), torch.float16, p).float()
+                            for p in ("step", "center", "sd"))
+        if not 1 <= bound < 2 ** 30 or not bool((sd > 0).all()):
+            raise ValueError(f"bad rdq params: bound {bound}, sd min {float(sd.min())}")
+        data = expect(parts["codes"], (parts["codes"].numel(),), torch.uint8, "codes")
+        codes = range_decode(data.numpy(), sd.numpy(), bound, n)
+        return [torch.from_numpy(codes).float() * step + center]
+
+
+def steps(x: torch.Tensor, w: torch.Tensor, bits: float) -> torch.Tensor:
+    """Each channel's step (module docstring): κ/(2^b − 1) · sqrt(mean(w·σ²) / w_c)."""
+    w = torch.clamp(w.float(), min=float(w.max()) * 1e-6 + 1e-30)
+    var = x.var(0, correction=0) if x.shape[0] > 1 else torch.zeros(x.shape[1])
+    level = float((w * var).mean())
+    if level <= 0:  # a constant tensor: any step codes it exactly (all codes 0)
+        return torch.ones(x.shape[1])
+    return KAPPA / (2 ** bits - 1) * torch.sqrt(level / w)
+
+
+def range_encode(codes: np.ndarray, sd: np.ndarray, bound: int) -> np.ndarray:
+    """(n, D) int32 codes in [−bound, bound] → the range coder's bytes, each symbol under a
+    Gaussian of mean 0 and its channel's sd, quantized to integers."""
+    import constriction
+
+    n, dim = codes.shape
+    coder = constriction.stream.queue.RangeEncoder()
+    if codes.size:
+        model = constriction.stream.model.QuantizedGaussian(-bound, bound)
+        coder.encode(codes.reshape(-1), model, np.zeros(codes.size, np.float32),
+                     np.tile(sd.astype(np.float32), n))
+    return coder.get_compressed().view(np.uint8).copy()
+
+
+def range_decode(data: np.ndarray, sd: np.ndarray, bound: int, n: int) -> np.ndarray:
+    """Inverse of `range_encode`: n rows of codes (int32). A stream that is not a whole
+    number of 32-bit words is damage (ValueError)."""
+    import constriction
+
+    dim = sd.shape[0]
+    if data.size % 4:
+        raise ValueError(f"rdq codes are {data.size} bytes, not whole 32-bit words")
+    if n * dim == 0:
+        return np.zeros((n, dim), np.int32)
+    coder = constriction.stream.queue.RangeDecoder(data.view(np.uint32).copy())
+    model = constriction.stream.model.QuantizedGaussian(-bound, bound)
+    codes = coder.decode(model, np.zeros(n * dim, np.float32), np.tile(sd.astype(np.float32), n))
+    return codes.reshape(n, dim)
+
+
+_WEIGHTS: dict[str, dict] = {}  # model fingerprint → its channel weights
+
+
+def channel_weights(rt) -> dict:
+    """{"key": (L, H_kv, D), "value": (L, H_kv, D)} for `rt`'s model (module docstring),
+    measured once per model and process (one prefill of the calibration text)."""
+    fingerprint = rt.loaded.fingerprint
+    if fingerprint not in _WEIGHTS:
+        _WEIGHTS[fingerprint] = _measure_weights(rt)
+    return _WEIGHTS[fingerprint]
+
+
+def _measure_weights(rt) -> dict:
+    from kvedge.common.pack.calibrate import CALIBRATION_TEXT
+
+    ids = rt.loaded.tokenizer(CALIBRATION_TEXT)["input_ids"][: rt.config.max_position_embeddings]
+    res = rt.prefill(torch.tensor(ids), want_queries=True, logits="none")
+    n_kv, dim = res.keys[0].shape[0], res.keys[0].shape[2]
+    group = res.queries[0].shape[0] // n_kv
+    keys, values = [], []
+    for layer, q in enumerate(res.queries):
+        energy = (q.float() ** 2).mean(1).reshape(n_kv, group, dim).mean(1)  # (H_kv, D)
+        keys.append((energy + energy.roll(dim // 2, dims=1)) / 2)  # RoPE pairs c, c + D/2
+        wo = rt.layers[layer].wo.detach().float()  # (hidden, H_q·D)
+        col = (wo ** 2).sum(0).reshape(n_kv, group, dim).sum(1)
+        values.append(col)
+    return {"key": torch.stack(keys).detach(), "value": torch.stack(values)}
+

@@ -1,0 +1,101 @@
+"""rdq: steps by reverse water-filling, codes range-coded per channel (common/pack/codecs/rdq.py)."""
+import pytest
+import torch
+
+from kvedge.common.pack.codecs import Role, codec_for_model, get_codec
+from kvedge.common.pack.codecs.rdq import KAPPA, steps
+
+
+def kv_like(n: int, dim: int = 64, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g) + torch.linspace(-3, 3, dim)
+    x[:, :4] *= 8
+    return x
+
+
+def test_every_value_is_within_half_a_step_of_its_channel_grid():
+    x = kv_like(300).to(torch.float16)
+    codec = get_codec("rdq:key_bits=5")
+    parts, params = codec.encode(x, Role("key"))
+    y = codec.decode(parts, params)
+    assert y.dtype == torch.float16 and y.shape == x.shape
+    step = parts["step"].float()
+    err = (y.float() - x.float()).abs()
+    assert bool((err <= step / 2 + 2e-3 * x.float().abs() + 1e-3).all())
+    assert parts["codes"].numel() < x.numel() * 2 / 3  # fp16 is 2 bytes a value
+
+
+def test_the_unweighted_step_is_what_min_max_gives_a_gaussian_channel():
+    """Weight 1 everywhere: one step for every channel, κσ/(2^b − 1) for unit channels."""
+    x = torch.randn(4096, 8, generator=torch.Generator().manual_seed(1))
+    s = steps(x, torch.ones(8), 4)
+    assert torch.allclose(s, torch.full((8,), KAPPA / 15), rtol=0.03)
+    wide = x * torch.tensor([10.0] + [1.0] * 7)  # one loud channel: the same step for all
+    assert torch.allclose(steps(wide, torch.ones(8), 4), steps(wide, torch.ones(8), 4)[0])
+
+
+def test_a_channel_weighing_100x_gets_a_10x_finer_step():
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(2))
+    w = torch.ones(8)
+    w[3] = 100.0
+    s = steps(x, w, 5)
+    assert float(s[0] / s[3]) == pytest.approx(10.0, rel=1e-4)
+
+
+def test_more_bits_less_error_and_more_bytes():
+    x = kv_like(256)
+    out = []
+    for bits in (3, 5, 7):
+        codec = get_codec(f"rdq:value_bits={bits}")
+        parts, params = codec.encode(x, Role("value"))
+        out.append((float((codec.decode(parts, params) - x).norm()), parts["codes"].numel()))
+    assert out[0][0] > out[1][0] > out[2][0] and out[0][1] < out[1][1] < out[2][1]
+
+
+def test_the_same_tensor_encodes_to_the_same_bytes():
+    x = kv_like(100)
+    a, b = (get_codec("rdq").encode(x, Role("key"))[0] for _ in range(2))
+    assert all(torch.equal(a[p], b[p]) for p in a)
+
+
+def test_constant_and_empty_tensors():
+    codec = get_codec("rdq")
+    for x in (torch.full((5, 64), 2.5), torch.zeros(0, 64), torch.ones(1, 64)):
+        parts, params = codec.encode(x, Role("key"))
+        assert torch.equal(codec.decode(parts, params), x)
+
+
+def test_resolutions_out_of_range_are_refused_where_the_spec_is_written():
+    with pytest.raises(ValueError, match="2-12 bits"):
+        get_codec("rdq:key_layers=515")  # a 1-bit layer
+    with pytest.raises(Exception, match="key_bits"):
+        get_codec("rdq:key_bits=13")
+
+
+def test_bound_to_a_model_its_weights_set_the_steps_and_the_pack_reads_back_alone():
+    """for_model measures the channel weights on the real (tiny) model: keys from its
+    queries' energy (equal over each RoPE pair), values from o_proj; the pack records the
+    steps, so reading it needs no model."""
+    from kvedge.common.model import models
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.pack.format import encode_pack, read_pack
+    from kvedge.common.pack.prefill import segment_context
+
+    rt = Runtime(models.load_model("tiny-llama"))
+    bound = codec_for_model("rdq", rt)
+    w = bound.weights
+    n_layers, n_kv, dim = rt.config.num_hidden_layers, rt.n_kv, rt.head_dim
+    assert w["key"].shape == w["value"].shape == (n_layers, n_kv, dim)
+    assert torch.equal(w["key"], w["key"].roll(dim // 2, dims=2))  # RoPE pairs share a weight
+    assert bool((w["value"] > 0).all()) and not torch.allclose(w["key"][0, 0], w["key"][0, 0, :1])
+    assert codec_for_model("rdq:weighted=false", rt) == "rdq:weighted=false"
+    ctx = segment_context(rt, list(range(3, 90)), fingerprint=rt.loaded.fingerprint,
+                          tokenizer_id=rt.loaded.tokenizer_id, namespace="t",
+                          side_tensors=False)
+    back = read_pack(encode_pack(ctx, bound))
+    for layer in range(n_layers):
+        for kind in ("keys", "values"):
+            for x, y in zip(getattr(ctx, kind)[layer], getattr(back, kind)[layer]):
+                assert y.shape == x.shape and float((y - x).norm() / x.norm()) < 0.1
+    unweighted = read_pack(encode_pack(ctx, "rdq"))
+    assert not torch.equal(unweighted.keys[0][0], back.keys[0][0])  # the weights moved steps
