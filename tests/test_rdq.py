@@ -1,4 +1,4 @@
-"""rdq: steps by reverse water-filling, codes range-coded per channel (common/pack/codecs/rdq.py)."""
+"""rdq: steps by reverse water-filling, codes range-coded per channel (codecs/rdq.py)."""
 import pytest
 import torch
 

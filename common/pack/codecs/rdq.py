@@ -18,8 +18,8 @@ The weights (decided here, not from a paper; measured in docs/codecs.md): a key 
 error moves attention logits by q_c·e_c, so w_c = E[q_c²] over the queries of the KV head's
 query heads, averaged over each RoPE pair (c, c + D/2: the rotation mixes them), measured once
 per model on `calibrate.CALIBRATION_TEXT` (`for_model`); a value channel's error reaches the
-output through o_proj, so w_c = Σ over the head's query heads of ‖W_o[:, h·D + c]‖². Without a
-model (a bare codec, a test) every channel weighs the same. Tokens all weigh the same: which
+output through o_proj, so w_c = Σ over the head's query heads of ‖W_o[:, h·D + c]‖².
+Without a model (a bare codec, a test) every channel weighs the same. Tokens all weigh the same: which
 of them attention will read is not known when a KB is compressed.
 
 The step. With σ_c the channel's standard deviation over the tensor's tokens,
