@@ -19,8 +19,8 @@ error moves attention logits by q_c·e_c, so w_c = E[q_c²] over the queries of 
 query heads, averaged over each RoPE pair (c, c + D/2: the rotation mixes them), measured once
 per model on `calibrate.CALIBRATION_TEXT` (`for_model`); a value channel's error reaches the
 output through o_proj, so w_c = Σ over the head's query heads of ‖W_o[:, h·D + c]‖².
-Without a model (a bare codec, a test) every channel weighs the same. Tokens all weigh the same: which
-of them attention will read is not known when a KB is compressed.
+Without a model (a bare codec, a test) every channel weighs the same. Tokens all weigh the
+same: which of them attention will read is not known when a KB is compressed.
 
 The step. With σ_c the channel's standard deviation over the tensor's tokens,
 step_c = κ / (2^b − 1) · sqrt(mean_c(w_c·σ_c²) / w_c), κ = 4.8: at weight 1 everywhere, the
