@@ -99,3 +99,20 @@ def test_bound_to_a_model_its_weights_set_the_steps_and_the_pack_reads_back_alon
                 assert y.shape == x.shape and float((y - x).norm() / x.norm()) < 0.1
     unweighted = read_pack(encode_pack(ctx, "rdq"))
     assert not torch.equal(unweighted.keys[0][0], back.keys[0][0])  # the weights moved steps
+
+
+def test_an_outlier_far_past_its_step_coarsens_its_channel_not_the_table():
+    x = kv_like(64)
+    x[5, 7] = 1e4  # ~10^4 steps away: its channel's step grows until codes fit MAX_CODE
+    codec = get_codec("rdq:key_bits=12")
+    parts, params = codec.encode(x, Role("key"))
+    from kvedge.common.pack.codecs.rdq import MAX_CODE
+    assert params["bound"] <= MAX_CODE
+    y = codec.decode(parts, params)
+    assert abs(float(y[5, 7]) - 1e4) <= float(parts["step"][7]) / 2 + 1e4 / 256
+    big = get_codec("rdq").encode(x * 1e3, Role("value"))  # past fp16 range: still coded
+    assert rel_err(get_codec("rdq").decode(*big), x * 1e3) < 0.1
+
+
+def rel_err(a, b) -> float:
+    return float((a - b).norm() / b.norm())
