@@ -99,8 +99,8 @@ class Rdq(Codec):
             widths = Kivi(calibrated=True, key_layers=self.key_layers,
                           value_layers=self.value_layers).for_model(rt)
             bound = replace(self, key_layers=widths.key_layers, value_layers=widths.value_layers)
-        if self.weighted and self.weights is None:
-            bound = replace(bound, weights=channel_weights(rt))
+        if self.weighted and self.weights is None and hasattr(rt.loaded, "tokenizer"):
+            bound = replace(bound, weights=channel_weights(rt))  # a bare module: unweighted
         return bound
 
     def encode(self, x, role=Role()):
