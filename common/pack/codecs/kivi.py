@@ -109,12 +109,7 @@ class Kivi(Codec):
 
     def __post_init__(self):
         validate(self)
-        for which in ("key_layers", "value_layers"):
-            if isinstance(getattr(self, which), str):
-                setattr(self, which, literal_option(self.name, which, getattr(self, which)))
-        check_widths(self.name, (self.key_bits, self.value_bits,
-                                 *schedule_widths(self.key_layers),
-                                 *schedule_widths(self.value_layers)))
+        check_widths(self.name, (self.key_bits, self.value_bits, *layer_options(self)))
 
     def bits_for(self, role: Role) -> int:
         """The width of a tensor of this role: its kind's, its layer's when set by layer."""
@@ -175,6 +170,15 @@ def schedule_widths(schedule: tuple) -> list[int]:
         raise ValueError(f"a width schedule is (bits, ...) or ((depth, bits), ...) ending at "
                          f"depth 1.0, not {schedule}")
     return [b for _, b in schedule]
+
+
+def layer_options(codec) -> list[int]:
+    """Parse `codec`'s key_layers/value_layers where given as text (in place); the widths
+    they name, keys' then values'."""
+    for which in ("key_layers", "value_layers"):
+        if isinstance(getattr(codec, which), str):
+            setattr(codec, which, literal_option(codec.name, which, getattr(codec, which)))
+    return [*schedule_widths(codec.key_layers), *schedule_widths(codec.value_layers)]
 
 
 def check_widths(codec: str, widths) -> None:

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from kvedge.common.pack.codecs.base import CODECS, Codec, Role, expect, header
-from kvedge.common.pack.codecs.kivi import layer_width, literal_option, schedule_widths
+from kvedge.common.pack.codecs.kivi import layer_options, layer_width
 from kvedge.common.registry import option, validate
 
 KAPPA = 4.8  # the range of 64 Gaussian samples, in standard deviations (≈ 2·2.4σ)
@@ -73,10 +73,7 @@ class Rdq(Codec):
 
     def __post_init__(self):
         validate(self)
-        for which in ("key_layers", "value_layers"):
-            if isinstance(getattr(self, which), str):
-                setattr(self, which, literal_option(self.name, which, getattr(self, which)))
-        for width in (*schedule_widths(self.key_layers), *schedule_widths(self.value_layers)):
+        for width in layer_options(self):
             if not 2 <= width <= 12:
                 raise ValueError(f"rdq resolutions are 2-12 bits, not {width}")
 
