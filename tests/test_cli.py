@@ -12,7 +12,7 @@ def test_models_lists_registry():
     for name in ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen3"):
         assert name in out.output
     # the widths by layer the default codec binds for Qwen (one digit a layer, 24 layers)
-    assert "kivi calibrated=true: key_layers=444544444545454454445554," in out.output
+    assert "calibrated=true (kivi, rdq): key_layers=444544444545454454445554," in out.output
 
 
 def test_model_verify_passes_and_fails_by_tolerance():

@@ -19,9 +19,9 @@ def _list_models():
         click.echo(f"{entry.name:24s} {'ok ' if ok else 'missing'}  {entry.description}")
         if not ok:
             click.echo(f"{'':24s}   {where}")
-        if entry.kivi_options:  # what the default codec (kivi calibrated=true) encodes with
+        if entry.kivi_options:  # the widths `calibrated=true` binds (kivi, and rdq: the default)
             options = ",".join(f"{k}={v}" for k, v in entry.kivi_options.items())
-            click.echo(f"{'':24s}   kivi calibrated=true: {options}")
+            click.echo(f"{'':24s}   calibrated=true (kivi, rdq): {options}")
     click.echo("(a local Hugging Face folder, or a folder with one .gguf file, works too)")
 
 

