@@ -116,3 +116,28 @@ def test_an_outlier_far_past_its_step_coarsens_its_channel_not_the_table():
 
 def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm())
+
+
+def test_calibrated_binds_the_models_widths_by_layer_and_its_weights(monkeypatch):
+    """`rdq:calibrated=true` takes the widths by layer the model's registry entry records, as
+    kivi's calibrated=true does, plus its key_shift; a model without an entry gets
+    key_bits/value_bits. Both are bound with the model's channel weights."""
+    from dataclasses import replace
+
+    from kvedge.common.model import models
+    from kvedge.common.model.runtime import Runtime
+
+    spec = "rdq:calibrated=true,key_shift=0.5"
+    rt = Runtime(models.load_model("tiny-llama"))
+    given = get_codec(spec)
+    plain = codec_for_model(spec, rt)
+    assert plain.key_layers == () and plain.weights is not None
+    assert plain.bits_for(Role("key", 1, 3)) == given.key_bits + 0.5
+    entry = models.REGISTRY["tiny-llama"]
+    monkeypatch.setitem(models.REGISTRY, "tiny-llama", replace(entry, kivi_options={
+        "key_layers": "456", "value_layers": "342", "key_group": 16}))
+    bound = codec_for_model(spec, rt)
+    assert (bound.key_layers, bound.value_layers) == ((4, 5, 6), (3, 4, 2))
+    assert [bound.bits_for(Role("key", layer, 3)) for layer in range(3)] == [4.5, 5.5, 6.5]
+    assert [bound.bits_for(Role("value", layer, 3)) for layer in range(3)] == [3, 4, 2]
+    assert torch.equal(bound.weights["key"], plain.weights["key"])
