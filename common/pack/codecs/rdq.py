@@ -161,7 +161,7 @@ def range_encode(codes: np.ndarray, sd: np.ndarray, bound: int) -> np.ndarray:
     for value, channels in _groups(sd):
         symbols = codes[:, channels].T.reshape(-1).astype(np.int32) + bound
         if symbols.size:
-            coder.encode(symbols, _model(float(value), bound))
+            coder.encode(symbols, _model(value, bound))
     return coder.get_compressed().view(np.uint8).copy()
 
 
@@ -177,7 +177,7 @@ def range_decode(data: np.ndarray, sd: np.ndarray, bound: int, n: int) -> np.nda
         return codes
     coder = constriction.stream.queue.RangeDecoder(data.view(np.uint32).copy())
     for value, channels in _groups(sd):
-        symbols = coder.decode(_model(float(value), bound), n * len(channels))
+        symbols = coder.decode(_model(value, bound), n * len(channels))
         codes[:, channels] = symbols.reshape(len(channels), n).T - bound
     return codes
 
@@ -192,7 +192,7 @@ def quantize_sd(sd: torch.Tensor) -> torch.Tensor:
 def _groups(sd: np.ndarray):
     """(sd value, its channels) in increasing sd: the order both ends code them in."""
     for value in np.unique(sd):
-        yield value, np.nonzero(sd == value)[0]
+        yield float(value), np.nonzero(sd == value)[0]  # a float: `_model`'s cache key
 
 
 @functools.lru_cache(maxsize=4096)
