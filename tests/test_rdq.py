@@ -141,3 +141,63 @@ def test_calibrated_binds_the_models_widths_by_layer_and_its_weights(monkeypatch
     assert [bound.bits_for(Role("key", layer, 3)) for layer in range(3)] == [4.5, 5.5, 6.5]
     assert [bound.bits_for(Role("value", layer, 3)) for layer in range(3)] == [3, 4, 2]
     assert torch.equal(bound.weights["key"], plain.weights["key"])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 300])
+@pytest.mark.parametrize("kind", ["key", "value"])
+def test_the_zstd_coder_decodes_to_what_the_range_coder_does(n, kind):
+    """coder=zstd codes the same integers: the tensors read back are identical, an escaped
+    code (|code| > 127) included; decoding needs only the name (the manifest records "rdq")
+    and the params."""
+    x = kv_like(n)
+    if n > 5:
+        x[5, 7] = 300.0  # ~1,000 steps from its channel's centre at 12 bits: escaped
+    spec = "rdq:key_bits=12" if kind == "key" else "rdq:value_bits=4"
+    ranged = get_codec(spec).encode(x, Role(kind, 1, 4))
+    zstd_parts, zstd_params = get_codec(spec + ",coder=zstd").encode(x, Role(kind, 1, 4))
+    assert torch.equal(get_codec("rdq").decode(zstd_parts, zstd_params),
+                       get_codec(spec).decode(*ranged))
+    if n > 5 and kind == "key":
+        assert zstd_parts["wide"].numel() >= 1 and zstd_parts["wide"].dtype == torch.int16
+    if n == 300:
+        assert zstd_parts["codes"].numel() < 1.3 * ranged[0]["codes"].numel()
+
+
+def test_damaged_zstd_frames_are_named_errors():
+    codec = get_codec("rdq:coder=zstd,key_bits=12")
+    x = kv_like(64)
+    x[5, 7] = 300.0
+    parts, params = codec.encode(x, Role("key"))
+    for bad_params, bad_parts, match in (
+            ({**params, "frames": params["frames"][:-1]}, parts, "frames"),
+            ({**params, "frames": [params["frames"][0] + 1] + params["frames"][1:]}, parts,
+             "frames"),
+            (params, {**parts, "wide": parts["wide"][:-1]}, "escaped"),
+            (params, {**parts, "codes": torch.zeros_like(parts["codes"])}, "zstd frame")):
+        with pytest.raises(ValueError, match=match):
+            codec.decode(bad_parts, bad_params)
+    from kvedge.common.pack.errors import InvalidCodecOption
+    with pytest.raises(InvalidCodecOption, match="coder"):
+        get_codec("rdq:coder=huffman")
+
+
+def test_a_zstd_coded_pack_reads_back_and_a_flipped_byte_is_caught():
+    from kvedge.common.model import models
+    from kvedge.common.model.runtime import Runtime
+    from kvedge.common.pack.errors import PackCorrupt
+    from kvedge.common.pack.format import encode_pack, read_pack
+    from kvedge.common.pack.prefill import segment_context
+
+    rt = Runtime(models.load_model("tiny-llama"))
+    ctx = segment_context(rt, list(range(3, 90)), fingerprint=rt.loaded.fingerprint,
+                          tokenizer_id=rt.loaded.tokenizer_id, namespace="t",
+                          side_tensors=False)
+    data = encode_pack(ctx, codec_for_model("rdq:coder=zstd", rt))
+    ranged = read_pack(encode_pack(ctx, codec_for_model("rdq", rt)))
+    back = read_pack(data)
+    assert all(torch.equal(a, b) for la, lb in zip(back.keys, ranged.keys)
+               for a, b in zip(la, lb))
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0x40
+    with pytest.raises(PackCorrupt):
+        read_pack(bytes(damaged))

@@ -28,7 +28,7 @@ from kvedge.common.pack.context import KVContext
 from kvedge.common.pack.errors import ModelMismatch, PackCorrupt
 from kvedge.common.pack.manifest import FORMAT_VERSION, Manifest, TensorEntry, kv_name
 
-_TORCH_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16,
+_TORCH_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "F16": torch.float16,
                  "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
                  "I64": torch.int64}
 # What a codec may raise on parts or params that passed their checksum but are still wrong
@@ -77,8 +77,9 @@ _SAFETENSORS_DTYPES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 
 
 def _raw(t: torch.Tensor) -> RawPart:
-    """A tensor's bytes as one payload part."""
-    data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    """A tensor's bytes as one payload part (an empty one from numpy has stride 0, which
+    `view` refuses for multi-byte dtypes)."""
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return RawPart(_SAFETENSORS_DTYPES[t.dtype], tuple(t.shape), memoryview(data))
 
 

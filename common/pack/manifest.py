@@ -36,7 +36,7 @@ from kvedge.common.pack.errors import PackCorrupt, PackVersionError
 FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
 # payload part dtypes (safetensors' names) → bytes per element
-DTYPE_SIZES = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+DTYPE_SIZES = {"U8": 1, "I8": 1, "I16": 2, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 _HEX = re.compile(r"[0-9a-f]+")
 _MAX_INDEX = 1 << 40  # positions / token ids beyond this are corruption, not data
 _INT = {int}
