@@ -173,7 +173,8 @@ def test_damaged_zstd_frames_are_named_errors():
             ({**params, "frames": [params["frames"][0] + 1] + params["frames"][1:]}, parts,
              "frames"),
             (params, {**parts, "wide": parts["wide"][:-1]}, "escaped"),
-            (params, {**parts, "codes": torch.zeros_like(parts["codes"])}, "zstd frame")):
+            (params, {**parts, "codes": torch.zeros_like(parts["codes"])}, "zstd frame"),
+            (params, {**parts, "side": parts["side"][:-3]}, "side part")):
         with pytest.raises(ValueError, match=match):
             codec.decode(bad_parts, bad_params)
     from kvedge.common.pack.errors import InvalidCodecOption
