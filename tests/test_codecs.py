@@ -297,9 +297,10 @@ def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
     from kvedge.common.pack.format import encode_pack, open_pack
     from kvedge.common.pack.prefill import segment_context
 
-    spec = DEFAULT_CODEC  # the default binds: K5 V4 for a model without widths by layer
-    assert spec == "kivi+zstd:key_bits=5,value_bits=4,calibrated=true"
+    spec = "kivi+zstd:key_bits=5,value_bits=4,calibrated=true"  # K5 V4 without widths by layer
     assert VARIANT_RE.fullmatch(f"contrastkv-0.3-{spec}")  # a batch job's variant name
+    assert VARIANT_RE.fullmatch(f"contrastkv-0.3-{DEFAULT_CODEC}")
+    assert DEFAULT_CODEC == "rdq:calibrated=true,key_shift=0.5,coder=zstd"  # binds the same widths
     rt = Runtime(models.load_model("tiny-llama"))
     assert codec_for_model(spec, rt) == spec  # nothing recorded for tiny-llama: K5 V4
     entry = models.REGISTRY["tiny-llama"]
