@@ -248,3 +248,13 @@ def test_realign_matches_decode_then_rope(codec):
             torch.testing.assert_close(out.keys[layer][h], want, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(out.values[layer][h], decoded.values[layer][h].float(),
                                        atol=1e-5, rtol=0)
+
+
+def test_an_empty_multi_byte_part_from_numpy_is_an_empty_payload_part():
+    """numpy's empty arrays reach torch with stride 0, which `view(uint8)` refuses for a
+    multi-byte dtype; a codec may return one (an int16 part with nothing to hold)."""
+    import numpy as np
+
+    for dtype in (np.int16, np.float32):
+        part = format_module._raw(torch.from_numpy(np.zeros(0, dtype)))
+        assert bytes(part.data) == b"" and part.shape == (0,)
