@@ -169,20 +169,22 @@ class Rdq(Codec):
     def pieces(self, parts, params):
         n, dim = (int(s) for s in params["shape"])
         bound = int(params["bound"])
-        side = side_decode(parts["side"], dim) if "side" in parts else \
-            [parts["step"], parts["center"], parts["sd"]]
-        step, center, sd = (expect(t, (dim,), dtype, p).float() for t, (p, dtype) in
-                            zip(side, SIDE))
-        if not 1 <= bound <= MAX_CODE or not bool((sd > 0).all() and sd.isfinite().all()):
+        if "side" in parts:  # coder=zstd (the manifest records the name only: "rdq")
+            step, center, sd = side_decode(parts["side"], dim)
+        else:
+            step, center, sd = (expect(parts[p], (dim,), dtype, p).float().numpy()
+                                for p, dtype in SIDE)
+        if not 1 <= bound <= MAX_CODE or not bool(np.all(sd > 0) and np.all(np.isfinite(sd))):
             raise ValueError(f"bad rdq params: bound {bound}, sd min {float(sd.min())}")
         data = expect(parts["codes"], (parts["codes"].numel(),), torch.uint8, "codes")
-        if "frames" in params:  # coder=zstd (the manifest records the name only: "rdq")
+        if "frames" in params:
             wide = parts.get("wide", torch.zeros(0, dtype=torch.int16))
             wide = expect(wide, (wide.numel(),), torch.int16, "wide")
-            codes = zstd_decode(data.numpy(), wide.numpy(), params["frames"], sd.numpy(), n)
+            codes = zstd_decode(data.numpy(), wide.numpy(), params["frames"], sd, n)
         else:
-            codes = range_decode(data.numpy(), sd.numpy(), bound, n)
-        return [torch.from_numpy(codes).float() * step + center]
+            codes = range_decode(data.numpy(), sd, bound, n)
+        return [torch.from_numpy(codes).float() * torch.from_numpy(step)
+                + torch.from_numpy(center)]
 
 
 def steps(x: torch.Tensor, w: torch.Tensor, bits: float) -> torch.Tensor:
@@ -225,10 +227,12 @@ def range_decode(data: np.ndarray, sd: np.ndarray, bound: int, n: int) -> np.nda
     return codes
 
 
-def octaves(sd: np.ndarray) -> list[np.ndarray]:
-    """coder=zstd's frames: the channels of each octave of code sd, in increasing sd."""
-    octave = np.floor(np.log2(sd))
-    return [np.nonzero(octave == o)[0] for o in np.unique(octave)]
+def octaves(sd: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """coder=zstd's frames: the channels in increasing octave of code sd (stable within
+    one), and how many channels each octave holds."""
+    octave = np.frexp(sd)[1]  # sd = m·2^e, m in [0.5, 1): e − 1 = floor(log2 sd)
+    counts = np.bincount(octave - octave.min()) if sd.size else np.zeros(0, np.int64)
+    return np.argsort(octave, kind="stable"), counts[counts > 0].tolist()
 
 
 def zstd_encode(codes: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
@@ -238,40 +242,46 @@ def zstd_encode(codes: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarr
     small = np.where(np.abs(codes) > 127, ESCAPE, codes).astype(np.int8)
     wide = codes[small == ESCAPE].astype(np.int16)
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    frames = [cctx.compress(np.ascontiguousarray(small[:, channels]).tobytes())
-              for channels in octaves(sd)] if codes.shape[0] else []
+    order, sizes = octaves(sd)
+    ends = np.cumsum(sizes).tolist()
+    frames = [cctx.compress(np.ascontiguousarray(small[:, order[end - k: end]]).tobytes())
+              for k, end in zip(sizes, ends)] if codes.shape[0] else []
     data = np.frombuffer(b"".join(frames), np.uint8).copy()
     return data, wide, [len(f) for f in frames]
 
 
 def zstd_decode(data: np.ndarray, wide: np.ndarray, frames: list, sd: np.ndarray,
                 n: int) -> np.ndarray:
-    """Inverse of `zstd_encode`: n rows of codes (int32). Frames that do not add up, do not
-    decompress to their channels' size, or escapes that do not match the wide codes are
-    damage (ValueError)."""
+    """Inverse of `zstd_encode`: n rows of codes, as float32 (exact: |code| ≤ 4,095).
+    Frames that do not add up, do not decompress to their channels' size, or escapes that
+    do not match the wide codes are damage (ValueError)."""
     from kvedge.common.pack.codecs.zstd import _decompressor
 
-    codes = np.zeros((n, sd.shape[0]), np.int32)
-    groups = octaves(sd) if n else []
-    if (not isinstance(frames, list) or len(frames) != len(groups)
+    codes = np.zeros((n, sd.shape[0]), np.float32)
+    order, sizes = octaves(sd) if n else (None, [])
+    if (not isinstance(frames, list) or len(frames) != len(sizes)
             or not all(isinstance(f, int) and f > 0 for f in frames) or sum(frames) != data.size):
         raise ValueError(f"rdq zstd frames {frames!r} do not fit {data.size} bytes "
-                         f"in {len(groups)} octaves")
-    dctx, view, start = _decompressor(), memoryview(data), 0
-    for size, channels in zip(frames, groups):
-        want = n * channels.size
+                         f"in {len(sizes)} octaves")
+    if not n:
+        return codes
+    dctx, view, start, blocks = _decompressor(), memoryview(data), 0, []
+    for size, k in zip(frames, sizes):
         try:
-            raw = dctx.decompress(view[start: start + size], max_output_size=want)
+            raw = dctx.decompress(view[start: start + size], max_output_size=n * k)
         except zstandard.ZstdError as err:
             raise ValueError(f"rdq zstd frame: {err}") from None
-        if len(raw) != want:
-            raise ValueError(f"rdq zstd frame decompressed to {len(raw)} bytes, not {want}")
-        codes[:, channels] = np.frombuffer(raw, np.int8).reshape(n, channels.size)
+        if len(raw) != n * k:
+            raise ValueError(f"rdq zstd frame decompressed to {len(raw)} bytes, not {n * k}")
+        blocks.append(np.frombuffer(raw, np.int8).reshape(n, k))
         start += size
-    escaped = codes == ESCAPE
-    if int(escaped.sum()) != wide.size:
-        raise ValueError(f"rdq: {int(escaped.sum())} escaped codes, {wide.size} wide ones")
-    codes[escaped] = wide
+    small = np.concatenate(blocks, axis=1)  # the octaves side by side
+    n_escaped = int(np.count_nonzero(small == ESCAPE))
+    if n_escaped != wide.size:
+        raise ValueError(f"rdq: {n_escaped} escaped codes, {wide.size} wide ones")
+    codes[:, order] = small  # each channel back to its place
+    if n_escaped:
+        codes[codes == ESCAPE] = wide  # row-major, as written
     return codes
 
 
@@ -285,9 +295,10 @@ def side_encode(step: torch.Tensor, center: torch.Tensor, sd: torch.Tensor) -> t
     return bytes_tensor(zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(planes))
 
 
-def side_decode(data: torch.Tensor, dim: int) -> list[torch.Tensor]:
-    """Inverse of `side_encode`: [step, center, sd], each (dim,); damage is a ValueError."""
-    from kvedge.common.pack.codecs.zstd import _decompressor, from_planes
+def side_decode(data: torch.Tensor, dim: int) -> list[np.ndarray]:
+    """Inverse of `side_encode`: [step, center, sd] as float32 arrays, each (dim,); damage
+    is a ValueError."""
+    from kvedge.common.pack.codecs.zstd import _decompressor
 
     data = expect(data, (data.numel(),), torch.uint8, "side")
     want = 2 * dim * len(SIDE)
@@ -297,8 +308,10 @@ def side_decode(data: torch.Tensor, dim: int) -> list[torch.Tensor]:
         raise ValueError(f"rdq side part: {err}") from None
     if len(raw) != want:
         raise ValueError(f"rdq side part decompressed to {len(raw)} bytes, not {want}")
-    return [from_planes(raw[2 * dim * i: 2 * dim * (i + 1)], dtype, (dim,))
-            for i, (_, dtype) in enumerate(SIDE)]
+    planes = np.frombuffer(raw, np.uint8).reshape(len(SIDE), 2, dim).astype(np.uint16)
+    bits = planes[:, 0] | (planes[:, 1] << 8)  # each value's two bytes, little-endian
+    step, center = ((bits[:2].astype(np.uint32) << 16).view(np.float32))  # bf16: fp32's top
+    return [step, center, bits[2].view(np.float16).astype(np.float32)]
 
 
 def quantize_sd(sd: torch.Tensor) -> torch.Tensor:
