@@ -1,5 +1,6 @@
 """`rdq`: rate-distortion quantization — every channel at the step reverse water-filling gives
-it, the codes range-coded under a model per channel.
+it, the codes range-coded under a model per channel, or (`coder=zstd`, the default codec's)
+zstd-coded per octave of their spread.
 
 Why. kivi spends its bytes where min-max puts them: each 64-token group of a key channel
 (each token's value row) gets 2^b levels across its own range, plus an fp16 scale and zero
