@@ -2,10 +2,11 @@
 
 `base` (the contract, `Role`, the registries), `floats` (fp16, bf16, fp32), `kivi` (int8,
 int4, int3, int2), `cachegen`, `kvtc` (transform coding with a calibrated per-head PCA),
-`zstd` (the entropy stage), `rdq` (per-channel steps by reverse water-filling, range-coded),
-`specs` (`get_codec("int4+zstd")`, `codec_for_model`, `codec_names()`, command-line options;
-the registries are read from there, where every family has registered). Names are exported
-lazily, so reading `DEFAULT_CODEC` imports no torch (CLIs and services read it at start-up).
+`zstd` (the entropy stage), `rdq` (per-channel steps by reverse water-filling, range- or
+zstd-coded), `specs` (`get_codec("int4+zstd")`, `codec_for_model`, `codec_names()`,
+command-line options; the registries are read from there, where every family has
+registered). Names are exported lazily, so reading `DEFAULT_CODEC` imports no torch (CLIs
+and services read it at start-up).
 """
 from __future__ import annotations
 
