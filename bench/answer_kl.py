@@ -20,6 +20,11 @@ forward over the codec's pack. Per codec:
   decoding (the cells' "same text as fp16" column, without decoding);
 - `ratio`: × fewer bytes than fp16 KV of the article, as shipped.
 
+A setting may stack eviction before the codec, `METHOD@BUDGET/CODEC` (e.g.
+`contrastkv@0.2/rdq:calibrated=true`): the article's fp16 context evicted by the cloud's
+method at that budget, then encoded, as `kvctl bench run --suite evict --methods M --budgets B
+--codec C` builds its packs (`Bench._compressed`: scores once per article and method).
+
 Why a screen: an F1 cell on squad-evict takes ~15 min here and its interval (±0.8 point on
 738 questions) hides differences between codecs of the same size; most of it is answers that
 did not change. `same` and `kl` are per question and nearly free of noise from the metric, so
@@ -64,9 +69,34 @@ def divergence(ref: torch.Tensor, logp: torch.Tensor, answer: list[int]) -> dict
             "tokens": len(answer), "same": bool(hits.all())}
 
 
+def setting(spec: str) -> tuple[str | None, float, str]:
+    """(method, budget, codec) of `METHOD@BUDGET/CODEC`, or (None, 1.0, spec) of a codec."""
+    head, sep, codec = spec.partition("/")
+    if not sep or "@" not in head:
+        return None, 1.0, spec
+    method, _, budget = head.partition("@")
+    return method, float(budget), codec
+
+
+def pack(bench, item, text: str, spec: str) -> tuple:
+    """(context as the edge reads it, bytes shipped) of one setting over the article."""
+    from kvedge.bench.runner import REFERENCE_CODEC
+    from kvedge.common.pack.codecs import codec_for_model
+    from kvedge.common.pack.format import encode_pack
+
+    method, budget, codec = setting(spec)
+    if method is None:
+        (ctx, size), = bench.packs(text, True, codec)
+        return ctx, size
+    (full, _), = bench.packs(text, True, REFERENCE_CODEC)
+    kept, _ = bench._compressed(item, full, method, budget)
+    data = encode_pack(kept, codec_for_model(codec, bench.prefill.rt))
+    return bench.load(data), len(data)
+
+
 def measure(model: str, codecs: list[str], items: int, questions: int, length: int,
             log=print) -> list[dict]:
-    """One row per codec (the first is the reference), with per-question details."""
+    """One row per setting (the first is the reference), with per-question details."""
     from kvedge.bench.runner import Cell
     from kvedge.bench.suites import Bench, cell_items
     from kvedge.edge.strategies import get_strategy
@@ -80,10 +110,9 @@ def measure(model: str, codecs: list[str], items: int, questions: int, length: i
         text = "".join(item.documents)
         contexts = {}
         for c in codecs:
-            (ctx, size), = bench.packs(text, True, c)
-            contexts[c] = ctx
+            contexts[c], size = pack(bench, item, text, c)
             rows[c]["shipped"] += size
-            rows[c]["fp16"] += bench.prefill.kv_shape.fp16_bytes(ctx.n_tokens)
+            rows[c]["fp16"] += bench.prefill.kv_shape.fp16_bytes(contexts[c].n_tokens)
         for q in item.questions[:questions]:
             composed = {c: bench.engine.compose([ctx], q.text, q.instruction)
                         for c, ctx in contexts.items()}
@@ -124,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--questions", type=int, default=30, help="questions per article")
     ap.add_argument("--length", type=int, default=4096, help="context tokens per article")
     ap.add_argument("--codec", action="append", required=True,
-                    help="a codec spec (repeat; the first is the reference, e.g. fp16)")
+                    help="a codec spec or METHOD@BUDGET/CODEC (repeat; the first is the "
+                    "reference, e.g. fp16)")
     ap.add_argument("--out", type=Path, help="JSON lines, one row per codec")
     args = ap.parse_args(argv)
     rows = measure(args.model, args.codec, args.items, args.questions, args.length)

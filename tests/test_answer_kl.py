@@ -31,3 +31,14 @@ def test_codecs_ranked_by_how_far_they_move_the_reference_answer(fake_data, tmp_
     assert exact["kl"] < 1e-3 < lossy["kl"]
     assert lossy["ratio"] > 3 * exact["ratio"]  # 2-bit codes against fp32's, sizes as shipped
     assert "| int2 |" in capsys.readouterr().out
+
+
+def test_a_stacked_setting_evicts_before_it_encodes(fake_data, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    main(["--model", "tiny-llama", "--items", "2", "--questions", "3", "--length", "64",
+          "--codec", "fp16", "--codec", "int8", "--codec", "snapkv@0.5/int8",
+          "--out", str(out)])
+    rows = {r["codec"]: r for r in map(json.loads, out.read_text().splitlines())}
+    whole, half = rows["int8"], rows["snapkv@0.5/int8"]
+    assert 1.6 * whole["ratio"] < half["ratio"] < 2.4 * whole["ratio"]  # half the rows shipped
+    assert half["kl"] > whole["kl"]  # dropping half the context moves answers more
