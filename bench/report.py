@@ -331,17 +331,37 @@ def tables(rows: list[dict]) -> str:
                 "Pooled over tasks (each cell's largest run):", "",
                 *summary_table(pooled, "method", "full KV", full_kv_acc, with_bytes=True), "",
                 "Per cell:", "", *evict_table(evict), ""]
-        points = {k: p for k, p in f1_of_full(rows).items()
-                  if p.fewer_bytes and p.of_ceiling is not None}
-        if points:
-            out += ["F1 frontier (real-QA cells, pooled; F1 over fp16 full KV's on the same "
-                    "questions):", "", "| method | budget | codec | × vs fp16 | F1 / full KV "
-                    "(fp16) |", "|---|---|---|---|---|"]
-            out += [f"| {m} | {b:g} | {c} | {p.fewer_bytes:.1f} | {p.of_ceiling:.3f} |"
-                    for (m, b, c), p in sorted(points.items(), key=lambda kv: kv[1].fewer_bytes)]
-            out.append("")
+        out += f1_frontier_table(rows)
     out += noninferiority.table(rows)
     return "\n".join(out)
+
+
+def f1_frontier_table(rows: list[dict]) -> list[str]:
+    """The F1 frontier as markdown: pooled F1 over fp16 full KV's (`f1_of_full`) by bytes
+    saved, and for a cell run on one task and length its paired 95 % interval."""
+    points = {k: p for k, p in f1_of_full(rows).items()
+              if p.fewer_bytes and p.of_ceiling is not None}
+    if not points:
+        return []
+    cells = defaultdict(list)
+    for r in largest_runs([r for r in rows if r["suite"] == "evict" and r.get("f1") is not None]):
+        cells[(name(r), r["budget"], codec_of(r))].append(r)
+    out = ["F1 frontier (real-QA cells, pooled; F1 over fp16 full KV's on the same questions, "
+           "paired 95 % interval where the cell is one task and length):", "",
+           "| method | budget | codec | × vs fp16 | F1 / full KV (fp16) | 95 % CI | "
+           "F1 − full KV (fp16) [95 % CI] |", "|---|---|---|---|---|---|---|"]
+    for (m, b, c), p in sorted(points.items(), key=lambda kv: kv[1].fewer_bytes):
+        one = cells[(m, b, c)]
+        paired = f1_of_full_interval(rows, one[0]) if len(one) == 1 else None
+        ci, diff = "—", "—"
+        if paired is not None:
+            if paired.ratio is not None:
+                ci = f"[{paired.ratio.low:.2f}, {paired.ratio.high:.2f}]"
+            d = paired.diff
+            diff = f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+        out.append(f"| {m} | {b:g} | {c} | {p.fewer_bytes:.1f} | {p.of_ceiling:.3f} | {ci} "
+                   f"| {diff} |")
+    return out + [""]
 
 
 def plots(rows: list[dict], folder: Path) -> list[Path]:
@@ -444,19 +464,53 @@ def frontier_plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def _f1_group(r: dict) -> tuple:
+    return r["task"], r["length"], r["seed"], r.get("model")
+
+
+def fp16_full_f1s(rows: list[dict], r: dict) -> list[float] | None:
+    """The fp16 full-KV cell's per-question F1 on `r`'s questions: the row of `r`'s own items,
+    else the first `r["questions"]` of a larger run of the same task, length, seed and model
+    (a seeded order's prefix, `largest_runs`); None where neither was run (or kept per-question
+    scores)."""
+    full = [f for f in rows if f["suite"] == "evict" and f["method"] == "full"
+            and codec_of(f) == REFERENCE_CODEC and _f1_group(f) == _f1_group(r)
+            and f.get("per_question") and f["items"] >= r["items"]]
+    for f in sorted(full, key=lambda f: f["items"] != r["items"]):
+        f1s = [q.get("f1") for q in f["per_question"][:r["questions"]]]
+        if len(f1s) == r["questions"] and None not in f1s:
+            return f1s
+    return None
+
+
 def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], Pooled]:
     """(method, budget, codec) → Pooled in F1, its ceiling the fp16 full-KV cell's F1 on the
-    same questions (same task, length, items, seed and model): real-QA eviction cells that
-    have one, the F1 frontier of issue 30; each cell at its largest run (`largest_runs`)
-    against the fp16 full-KV row of that run's items."""
+    same questions (same task, length, items, seed and model — or a larger run's first
+    questions, `fp16_full_f1s`): real-QA eviction cells that have one, the F1 frontier of
+    issue 30; each cell at its largest run (`largest_runs`)."""
     def group(r: dict) -> tuple:
         return r["task"], r["length"], r["items"], r["seed"], r.get("model")
 
     evict = [r for r in rows if r["suite"] == "evict" and r.get("f1") is not None]
     full = {group(r): r["f1"] for r in evict
             if r["method"] == "full" and codec_of(r) == REFERENCE_CODEC and r["f1"]}
+    for r in largest_runs(evict):
+        if group(r) not in full and (f1s := fp16_full_f1s(evict, r)) and sum(f1s):
+            full[group(r)] = sum(f1s) / len(f1s)
     return summary([r for r in largest_runs(evict) if group(r) in full],
                    lambda r: full[group(r)], lambda r: r["f1"])
+
+
+def f1_of_full_interval(rows: list[dict], r: dict):
+    """`r`'s F1 over the fp16 full-KV cell's on the same questions, paired question by
+    question (`kvedge.bench.bootstrap`): a Paired, or None without per-question scores."""
+    from kvedge.bench.bootstrap import paired_bootstrap
+
+    ref = fp16_full_f1s(rows, r)
+    mine = [q.get("f1") for q in r.get("per_question") or []]
+    if ref is None or len(mine) != len(ref) or None in mine:
+        return None
+    return paired_bootstrap(mine, ref)
 
 
 def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Path:

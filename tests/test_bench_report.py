@@ -133,3 +133,22 @@ def test_the_f1_frontier_finds_a_smaller_runs_own_fp16_reference():
     points = f1_of_full(rows)
     assert round(points[("full", 1.0, "kvtc:bits=2")].of_ceiling, 3) == 0.8  # 0.4 / 0.5
     assert points[("full", 1.0, "fp16")].of_ceiling == 1.0
+
+
+def test_a_smaller_run_is_paired_with_a_larger_fp16_runs_first_questions(tmp_path):
+    """An evicted cell run on 2 items, fp16 full KV only on 3: the reference is fp16's first
+    questions (the seeded order's prefix), question by question, with a paired interval."""
+    def qa(f1s):
+        return [{"f1": f, "answer": str(f)} for f in f1s]
+
+    full = {**row("a", "full", 1.0, "fp16", 0.5, 2e6, full=0.5, ceiling=0.5, fp16=2e6, q=6),
+            "items": 3, "f1": 0.5, "per_question": qa([0.5, 1.0, 0.0, 0.5, 1.0, 0.0])}
+    evicted = {**row("a", "contrastkv", 0.3, "rdq", 0.4, 1e5, full=0.5, ceiling=0.5, fp16=2e6),
+               "f1": 0.5, "per_question": qa([0.5, 1.0, 0.0, 0.5])}  # the first 4 of fp16's
+    points = f1_of_full([full, evicted])
+    assert points[("contrastkv", 0.3, "rdq")].of_ceiling == 1.0  # 0.5 over fp16's first 4: 0.5
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in (full, evicted)))
+    report = write_report(results, tmp_path).read_text()
+    assert "| contrastkv | 0.3 | rdq | 20.0 | 1.000 | [1.00, 1.00] | +0.000 [+0.000, +0.000] |" \
+        in report
