@@ -23,7 +23,7 @@ forward over the codec's pack. Per codec:
 A setting may stack eviction before the codec, `METHOD@BUDGET/CODEC` (e.g.
 `contrastkv@0.2/rdq:calibrated=true`): the article's fp16 context evicted by the cloud's
 method at that budget, then encoded, as `kvctl bench run --suite evict --methods M --budgets B
---codec C` builds its packs (`Bench._compressed`: scores once per article and method).
+--codec C` builds its packs (`Bench.evicted_pack`: scores once per article and method).
 
 Why a screen: an F1 cell on squad-evict takes ~15 min here and its interval (±0.8 point on
 738 questions) hides differences between codecs of the same size; most of it is answers that
@@ -80,18 +80,12 @@ def setting(spec: str) -> tuple[str | None, float, str]:
 
 def pack(bench, item, text: str, spec: str) -> tuple:
     """(context as the edge reads it, bytes shipped) of one setting over the article."""
-    from kvedge.bench.runner import REFERENCE_CODEC
-    from kvedge.common.pack.codecs import codec_for_model
-    from kvedge.common.pack.format import encode_pack
-
     method, budget, codec = setting(spec)
     if method is None:
         (ctx, size), = bench.packs(text, True, codec)
         return ctx, size
-    (full, _), = bench.packs(text, True, REFERENCE_CODEC)
-    kept, _ = bench._compressed(item, full, method, budget)
-    data = encode_pack(kept, codec_for_model(codec, bench.prefill.rt))
-    return bench.load(data), len(data)
+    ctx, size, _ = bench.evicted_pack(item, method, budget, codec)
+    return ctx, size
 
 
 def measure(model: str, codecs: list[str], items: int, questions: int, length: int,

@@ -494,10 +494,11 @@ def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], Pooled]:
     evict = [r for r in rows if r["suite"] == "evict" and r.get("f1") is not None]
     full = {group(r): r["f1"] for r in evict
             if r["method"] == "full" and codec_of(r) == REFERENCE_CODEC and r["f1"]}
-    for r in largest_runs(evict):
+    largest = largest_runs(evict)
+    for r in largest:
         if group(r) not in full and (f1s := fp16_full_f1s(evict, r)) and sum(f1s):
             full[group(r)] = sum(f1s) / len(f1s)
-    return summary([r for r in largest_runs(evict) if group(r) in full],
+    return summary([r for r in largest if group(r) in full],
                    lambda r: full[group(r)], lambda r: r["f1"])
 
 

@@ -469,8 +469,6 @@ class Bench:
         `codec`; a method: as a batch job, evicted from the uncompressed context, then
         encoded in `codec` (bound to the model's kvtc transform, as a worker binds it) and
         read back."""
-        from kvedge.common.pack.codecs import codec_for_model
-        from kvedge.common.pack.format import encode_pack
         from kvedge.edge.strategies import get_strategy
 
         full = self._context(item, REFERENCE_CODEC)
@@ -481,12 +479,23 @@ class Bench:
                                                               codec)
             ctx = self.load(path)
         else:
-            kept, extra["compress_s"] = self._compressed(item, full, method, budget)
-            data = encode_pack(kept, codec_for_model(codec, self.prefill.rt))
-            ctx, extra["shipped_bytes"] = self.load(data), len(data)
+            ctx, extra["shipped_bytes"], extra["compress_s"] = self.evicted_pack(
+                item, method, budget, codec)
             extra["prefill_s"] = self._prefill_seconds(item)
         return [{**row, **extra}
                 for row in self._ask_all([ctx], get_strategy("pie"), item.questions)]
+
+    def evicted_pack(self, item: QAItem, method: str, budget: float, codec: str):
+        """(context as the edge reads it, bytes shipped, compression seconds): the item's
+        uncompressed context evicted by `method` at `budget` (`_compressed`), encoded in
+        `codec` bound to the model (kvtc's transform, as a worker binds it) and read back."""
+        from kvedge.common.pack.codecs import codec_for_model
+        from kvedge.common.pack.format import encode_pack
+
+        kept, compress_s = self._compressed(item, self._context(item, REFERENCE_CODEC),
+                                            method, budget)
+        data = encode_pack(kept, codec_for_model(codec, self.prefill.rt))
+        return self.load(data), len(data), compress_s
 
     def _kvpress(self, items: list[QAItem], press: str, budget: float,
                  codec: str) -> list[dict]:
