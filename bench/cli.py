@@ -22,7 +22,8 @@ import click
 from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
-from kvedge.common.model.models import AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL
+from kvedge.common.model.models import (AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL,
+                                        PROMPT_WEIGHTS)
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.edge import DEFAULT_STRATEGY
 
@@ -393,6 +394,9 @@ def report_cmd(out_dir):
 @click.option("--decode-weights", type=click.Choice((*DECODE_WEIGHTS, AUTO_DECODE)),
               default=AUTO_DECODE, show_default=True, help="the edge's decode weights (`kvedge serve "
               "--decode-weights`)")
+@click.option("--prompt-weights", type=click.Choice(PROMPT_WEIGHTS), default="fp32",
+              show_default=True, help="the edge's prompt weights (`kvedge serve "
+              "--prompt-weights`)")
 @click.option("--steps", is_flag=True,
               help="then time one decode step alone and batched, in this process")
 @click.option("--conversations", is_flag=True,
@@ -400,7 +404,7 @@ def report_cmd(out_dir):
               "questions are turns), every round run with the edge's session KV and "
               "without (--session-bytes 0)")
 def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir, work,
-             batch_invariant, decode_weights, steps, conversations):
+             batch_invariant, decode_weights, prompt_weights, steps, conversations):
     """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
     one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
     from kvedge.bench.load import decode_costs, questions_in, run_load, table
@@ -411,7 +415,7 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
     rounds = run_load(model, folder, questions_in(folder), clients, per_client,
                       echo=click.echo, work=work, strategy=strategy, top_k=top_k,
                       max_new_tokens=max_new_tokens, conversations=conversations,
-                      decode_weights=decode_weights,
+                      decode_weights=decode_weights, prompt_weights=prompt_weights,
                       serve_args=() if batch_invariant else ("--no-batch-invariant",))
     click.echo(table(rounds))
     if steps:

@@ -256,7 +256,7 @@ def table(rounds: list[Round]) -> str:
 
 def unbatched_round(state: Path, model: str, questions: list[str], per_client: int,
                     strategy: str = "", top_k: int = 3, max_new_tokens: int = 48,
-                    decode_weights: str = AUTO_DECODE) -> Round:
+                    decode_weights: str = AUTO_DECODE, prompt_weights: str = "fp32") -> Round:
     """One client without the daemon, for reference: in this process, `EdgeEngine.retrieve`
     then `EdgeEngine.answer` (the served path: the scheduler, here without padding rows, so a
     lone request's decode step is one row as before batching) over the same synced KB and
@@ -269,7 +269,8 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
 
     loaded = load_model(model)
     engine = EdgeEngine(loaded, PackCache(state / "packs", loaded.fingerprint), state,
-                        batch_invariant=False, decode_weights=decode_weights)
+                        batch_invariant=False, decode_weights=decode_weights,
+                        prompt_weights=prompt_weights)
     chosen = get_strategy(strategy or DEFAULT_STRATEGY)  # what the edge's rounds used
     target = Target("default", "load")
 
@@ -352,11 +353,13 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
 def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
              per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
              unbatched: bool = True, conversations: bool = False,
-             decode_weights: str = AUTO_DECODE, **ask) -> list[Round]:
+             decode_weights: str = AUTO_DECODE, prompt_weights: str = "fp32",
+             **ask) -> list[Round]:
     """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
     then (`unbatched`) the one-client reference round without the daemon. In `work`
     (kept, and its synced KB reused by the next run) or a temporary folder. The daemon and
-    the reference round decode with `decode_weights` (`kvedge serve --decode-weights`).
+    the reference round decode with `decode_weights` (`kvedge serve --decode-weights`) and
+    start with `prompt_weights` (`--prompt-weights`).
 
     `conversations`: each client holds one conversation through the OpenAI API
     (`run_round`'s `http`), and every client count runs twice — the edge keeping each
@@ -375,7 +378,8 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
         rounds = []
         for session in ((True, False) if conversations else (None,)):
             address, http = f"127.0.0.1:{free_port()}", None
-            extra = [*serve_args, "--decode-weights", decode_weights]
+            extra = [*serve_args, "--decode-weights", decode_weights,
+                     "--prompt-weights", prompt_weights]
             if session is not None:
                 http = f"127.0.0.1:{free_port()}"
                 extra += ["--http", http] + ([] if session else ["--session-bytes", "0"])
@@ -393,7 +397,8 @@ def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
             rounds += done
         if unbatched and not conversations:
             rounds.append(unbatched_round(state, model, questions, per_client,
-                                          decode_weights=decode_weights, **ask))
+                                          decode_weights=decode_weights,
+                                          prompt_weights=prompt_weights, **ask))
             echo(f"unbatched: {rounds[-1].rate:.2f}/s, TTFT p50 {rounds[-1].ttft(.5):.2f} s")
         return rounds
     finally:

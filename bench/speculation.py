@@ -1,5 +1,5 @@
 """Time to the whole answer, with and without prompt-lookup drafts and lower-precision decode
-weights (int8, fp16), on real questions (issue 28).
+weights (int8, fp16, bf16) and prompt weights (bf16 starts), on real questions (issues 27, 28).
 
 `python -m kvedge.bench.speculation [--model M] [--questions 30] [--strategies recompute,epic]
 [--style short|sentence] [--spec-rows 4,8] [--decode-weights fp32,fp16] [--no-batch-invariant]
@@ -61,7 +61,9 @@ def run(model: str, questions: int, strategies: list[str], style: str,
         q = item.questions[0]
         composed = bench.engine.compose(segments, q.text, STYLES[style] or q.instruction)
         for name, fmt, spec in modes:
-            bench.engine.rt.use_decode_weights(fmt)  # the scheduler is idle between answers
+            decode, _, prompt = fmt.partition("/")  # the scheduler is idle between answers
+            bench.engine.rt.use_decode_weights(decode)
+            bench.engine.rt.use_prompt_weights(prompt or "fp32")
             if (row := kept.get((item.key, name, fmt, spec))) is not None:
                 rows.append(row)
                 continue
@@ -73,7 +75,8 @@ def run(model: str, questions: int, strategies: list[str], style: str,
                          "item": item.key, "answer_s": time.perf_counter() - start})
             if sink is not None:
                 sink(rows[-1])
-    bench.engine.rt.use_decode_weights(formats[0])
+    bench.engine.rt.use_decode_weights(formats[0].partition("/")[0])
+    bench.engine.rt.use_prompt_weights(formats[0].partition("/")[2] or "fp32")
     return rows
 
 
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--decode-weights", default="fp32",
                     help="comma-separated decode-weight formats, each run with drafts off and "
-                    "on; changed answers count against the first (e.g. fp32,int8)")
+                    "on; changed answers count against the first (e.g. fp32,int8); "
+                    "DECODE/PROMPT also sets the prompt weights (bf16/bf16: bf16 starts)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-batch-invariant", dest="invariant", action="store_false",
                     help="unpadded steps (`kvedge serve --no-batch-invariant`): drafts then "

