@@ -6,7 +6,8 @@ context must not see the tokens after it, which a bottom-right-aligned causal ma
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,16 +23,46 @@ QUERY_CHUNK = 2048  # bounds the (queries × keys) score matrix for long prefill
 _CUDA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
+# One query against a short context is too little work to split: on the CPU such a call runs
+# on one thread. A decode step makes one per request and layer (480 a step for 16 requests on
+# SmolLM2); one over 600 keys, SmolLM2's shapes, took 82 µs on one thread and 107–388 µs on
+# two (2 cores, a benchmark running beside it: handing work to a busy core waits for it, as
+# on an edge under load). Past ONE_THREAD_KEYS keys the split pays again. Every path that
+# attends one query calls `sdpa`, so the rule holds for the runtime's forward and the batched
+# step alike (their bits stay equal: the kernel may split a call differently by thread count).
+ONE_THREAD_KEYS = 2048
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """`F.scaled_dot_product_attention`; on CUDA without the cuDNN backend when no mask is
-    given (what was measured, above: with a mask, flash does not apply and torch's choice
-    stands)."""
-    if not q.is_cuda or kwargs.get("attn_mask") is not None:
+    """`F.scaled_dot_product_attention`; on the CPU, one query over at most ONE_THREAD_KEYS
+    keys on one thread; on CUDA without the cuDNN backend when no mask is given (what was
+    measured, above: with a mask, flash does not apply and torch's choice stands)."""
+    if not q.is_cuda:
+        if q.shape[-2] == 1 and k.shape[-2] <= ONE_THREAD_KEYS:
+            with one_thread():
+                return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if kwargs.get("attn_mask") is not None:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([getattr(SDPBackend, name) for name in _CUDA_BACKENDS]):
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's CPU ops on this thread single-threaded inside (OpenMP keeps the setting per
+    thread: the others keep theirs)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class OwnKV(NamedTuple):
