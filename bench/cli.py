@@ -394,7 +394,8 @@ def report_cmd(out_dir):
 @click.option("--decode-weights", type=click.Choice((*DECODE_WEIGHTS, AUTO_DECODE)),
               default=AUTO_DECODE, show_default=True, help="the edge's decode weights (`kvedge serve "
               "--decode-weights`)")
-@click.option("--prompt-weights", type=click.Choice(PROMPT_WEIGHTS), default="fp32",
+@click.option("--prompt-weights", type=click.Choice((*PROMPT_WEIGHTS, AUTO_DECODE)),
+              default=AUTO_DECODE,
               show_default=True, help="the edge's prompt weights (`kvedge serve "
               "--prompt-weights`)")
 @click.option("--steps", is_flag=True,

@@ -5,15 +5,17 @@ one request over a dense cache of `context` random tokens, each path timed over 
 steps after a warm one:
 
 - the scheduler's `decode_step`, unpadded and padded to `ROW_MULTIPLE` rows (the served
-  default, batch-invariant), with int8 and fp16 weights (`kvedge serve --decode-weights
-  int8|fp16`, padded only where the load-time probe found them not row-invariant:
+  default, batch-invariant), with int8, fp16 and bf16 weights (`kvedge serve --decode-weights
+  int8|fp16|bf16`, padded only where the load-time probe found them not row-invariant:
   `Runtime.decode_rows_invariant`), and `Runtime.forward` of one token
   (`bench.load.decode_costs`);
 - transformers' own forward with its `DynamicCache` (the reference implementation);
 - one pass over every 2-D weight with one row, in fp32, bf16 and fp16: what the matmuls of a
   step cost at each precision (decode on a CPU is bound by reading the weights); and in fp32,
-  int8 and fp16 with 1, 4, 8 and 16 rows: what the rows a step carries cost (the padding rows
-  that keep answers batch-invariant, and the draft rows of speculation, `batch.SPEC_ROWS`);
+  int8, fp16 and bf16 with 1, 4, 8, 16, 64 and 128 rows: what the rows a step carries cost
+  (the padding rows that keep answers batch-invariant, and the draft rows of speculation,
+  `batch.SPEC_ROWS`) and, at 64–128 rows, what an answer's start's matmuls cost
+  (`kvedge serve --prompt-weights`);
 - llama.cpp (`llama-cpp-python`, when importable: a reference point, never a dependency of
   the service) decoding the very GGUF file the model was converted from, one token per
   `eval`, on the same threads: the distance to a runtime built for CPU decode.
@@ -173,11 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         print(f"| {str(dtype).removeprefix('torch.')} | {weight_pass_ms(loaded, dtype):.1f} |")
     print("| rows | fp32 weights, ms per pass | int8 weights, ms per pass "
-          "| fp16 weights, ms per pass |\n|---|---|---|---|")
-    for n_rows in (1, 4, 8, 16):
+          "| fp16 weights, ms per pass | bf16 weights, ms per pass |\n|---|---|---|---|---|")
+    for n_rows in (1, 4, 8, 16, 64, 128):  # a step's rows, then an answer's start's
         print(f"| {n_rows} | " + " | ".join(
             f"{weight_pass_ms(loaded, w, n_rows=n_rows):.1f}"
-            for w in (torch.float32, "int8", torch.float16)) + " |")
+            for w in (torch.float32, "int8", torch.float16, torch.bfloat16)) + " |")
 
 
 if __name__ == "__main__":

@@ -256,7 +256,8 @@ def table(rounds: list[Round]) -> str:
 
 def unbatched_round(state: Path, model: str, questions: list[str], per_client: int,
                     strategy: str = "", top_k: int = 3, max_new_tokens: int = 48,
-                    decode_weights: str = AUTO_DECODE, prompt_weights: str = "fp32") -> Round:
+                    decode_weights: str = AUTO_DECODE,
+                    prompt_weights: str = AUTO_DECODE) -> Round:
     """One client without the daemon, for reference: in this process, `EdgeEngine.retrieve`
     then `EdgeEngine.answer` (the served path: the scheduler, here without padding rows, so a
     lone request's decode step is one row as before batching) over the same synced KB and
@@ -332,7 +333,7 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
         costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states))
     alone = [request()]
     costs["batch of 1 unpadded"] = timed(lambda: decode_step(rt, alone, row_multiple=1))
-    for fmt in ("int8", "fp16"):
+    for fmt in ("int8", "fp16", "bf16"):
         rt.use_decode_weights(fmt)
         served = row_multiple(rt, invariant=True)
         for n in batches:
@@ -353,7 +354,7 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
 def run_load(model: str, folder: Path, questions: list[str], clients=(1, 4, 16),
              per_client: int = 4, echo=print, work: Path | None = None, serve_args=(),
              unbatched: bool = True, conversations: bool = False,
-             decode_weights: str = AUTO_DECODE, prompt_weights: str = "fp32",
+             decode_weights: str = AUTO_DECODE, prompt_weights: str = AUTO_DECODE,
              **ask) -> list[Round]:
     """Sync `folder`, start `kvedge serve`, run a round per client count, stop the daemon,
     then (`unbatched`) the one-client reference round without the daemon. In `work`

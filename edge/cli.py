@@ -99,15 +99,17 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "exact runtime's), int8 (one byte per weight, one scale per row: faster "
               "decode on CPU), fp16 (near fp32's logits; fast only on CPUs with a fast "
               "fp16 path, e.g. AVX-512; slow for many rows), bf16 (fast for batched steps on "
-              "CPUs with a bf16 GEMM) or auto (fp16 where a probe at load finds it "
-              "row-invariant and 1.5x faster than fp32, else fp32); int8, fp16 and bf16 "
-              "answers are judged by agreement, not bit-exact (docs/serving.md)")
-@click.option("--prompt-weights", type=click.Choice(PROMPT_WEIGHTS), default="fp32",
-              show_default=True,
+              "CPUs with a bf16 GEMM, e.g. avx512_bf16: a busy edge's choice) or auto (fp16 "
+              "where a probe at load finds it row-invariant and 1.5x faster than fp32, else "
+              "fp32); int8, fp16 and bf16 answers are judged by agreement, not bit-exact "
+              "(docs/serving.md)")
+@click.option("--prompt-weights", type=click.Choice((*PROMPT_WEIGHTS, AUTO_DECODE)),
+              default=AUTO_DECODE, show_default=True,
               help="weights every forward over a prompt reads (an answer's start: the reuse "
-              "recompute and the question; session prefixes): fp32 (the exact runtime's) or "
+              "recompute and the question; session prefixes): fp32 (the exact runtime's), "
               "bf16 (each matmul's inputs rounded to bf16: ~1.5x faster starts on CPUs with "
-              "a bf16 GEMM, e.g. avx512_bf16; not bit-exact, docs/serving.md)")
+              "a bf16 GEMM, e.g. avx512_bf16; not bit-exact, docs/serving.md) or auto (bf16 "
+              "where a pass timed at load is 1.5x faster than fp32's)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "
@@ -141,7 +143,8 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_dir,
               model_name, strategy, top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
-              decode_weights, prompt_weights, sync_interval, cache_bytes, prefetch, fetch_or_compute, kv_budget,
+              decode_weights, prompt_weights, sync_interval, cache_bytes, prefetch,
+              fetch_or_compute, kv_budget,
               session_bytes,
               http_address, metrics_address,
               tls_mode, tls_cert, tls_key,
@@ -199,14 +202,14 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                         prompt_weights=prompt_weights, kv_budget=kv_budget or None,
                         alternates=standins)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
-                          engine.rt.decode_format)
+                          engine.rt.decode_format, engine.rt.prompt_format)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,
                          max_new_tokens=max_new_tokens)
     if prefetch:
         prefetcher.start()
     click.echo(f"decode weights: {engine.rt.decode_format} ({engine.rt.decode_choice}); "
-               f"prompt weights: {engine.rt.prompt_format}", err=True)
+               f"prompt weights: {engine.rt.prompt_format} ({engine.rt.prompt_choice})", err=True)
     click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
                f"{[t.key for t in targets]} from {cloud_address} (whole: "
                f"{[t.key for t in pinned]}); token in {state / 'edge.token'}", err=True)

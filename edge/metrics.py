@@ -21,12 +21,14 @@ TPOT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5)
 class EdgeMetrics:
     """The edge's answer metrics in `registry` (none given: a private one nobody scrapes), and
     the sync, pack-cache and session-cache counts of `syncer`, `cache` and `sessions` (an
-    `edge.sessions.PrefixCache`) when given; `decode_weights`, the format the decode steps
-    read (`Runtime.decode_format`: what `--decode-weights auto` chose), as a 1 under its
-    label."""
+    `edge.sessions.PrefixCache`) when given; `decode_weights` and `prompt_weights`, the
+    formats the decode steps and the forwards over prompts read (`Runtime.decode_format`,
+    `Runtime.prompt_format`: what `--decode-weights` / `--prompt-weights` auto chose), each
+    as a 1 under its label."""
 
     def __init__(self, registry: CollectorRegistry | None = None, cache=None, syncer=None,
-                 sessions=None, decode_weights: str | None = None):
+                 sessions=None, decode_weights: str | None = None,
+                 prompt_weights: str | None = None):
         self.registry = r = registry if registry is not None else CollectorRegistry()
         self.http = RequestMetrics(r, "http", ("method", "route"))
         self.ttft = Histogram("kvedge_edge_ttft_seconds", "time to the first answer token "
@@ -50,6 +52,10 @@ class EdgeMetrics:
             Gauge("kvedge_edge_decode_weights", "1 under the format the decode steps read "
                   "(fp32, int8, fp16 or bf16: what --decode-weights, or its auto probe, chose)",
                   ["format"], registry=r).labels(decode_weights).set(1)
+        if prompt_weights is not None:
+            Gauge("kvedge_edge_prompt_weights", "1 under the format every forward over a "
+                  "prompt reads (an answer's start: fp32 or bf16, what --prompt-weights, or "
+                  "its auto probe, chose)", ["format"], registry=r).labels(prompt_weights).set(1)
         if cache is not None or syncer is not None or sessions is not None:
             r.register(_Counts(cache, syncer, sessions))
 

@@ -6,8 +6,8 @@ def test_every_decode_path_and_weight_precision_is_timed(capsys):
     main(["--model", "tiny-llama", "--context", "32", "--steps", "3", "--threads", "1"])
     out = capsys.readouterr().out
     for row in ("batch of 1 unpadded", "forward of 1", "transformers forward", "| bfloat16 |",
-                "| 8 |",
-                "batch of 4, int8 weights", "batch of 4, fp16 weights", "fp16 weights, ms"):
+                "| 8 |", "| 128 |", "batch of 4, int8 weights", "batch of 4, fp16 weights",
+                "batch of 4, bf16 weights", "fp16 weights, ms", "bf16 weights, ms per pass"):
         assert row in out, out
 
 

@@ -81,7 +81,7 @@ def edge(cloud):
     syncer.sync_once()
     engine = EdgeEngine(loaded, cache, state)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
-                          engine.rt.decode_format)
+                          engine.rt.decode_format, engine.rt.prompt_format)
     server, port = serve_edge(engine, state, "127.0.0.1:0", metrics=metrics)
     http = serve_http(engine, state, [Target("default", "served")], "127.0.0.1:0",
                       max_new_tokens=4, metrics=metrics)
@@ -132,6 +132,7 @@ def test_calls_are_counted_by_final_status_and_return_their_request_id(edge):
                  method="Ask") == 3
     assert value(after, "process_resident_memory_bytes") > 0  # the daemon's own registry
     assert value(after, "kvedge_edge_decode_weights", format="fp32") == 1  # EdgeEngine's own
+    assert value(after, "kvedge_edge_prompt_weights", format="fp32") == 1
 
 
 def test_a_stream_the_client_cancels_is_counted_cancelled(edge):

@@ -247,6 +247,19 @@ def test_the_row_probe_finds_a_product_that_rounds_by_row_count():
     assert rows_invariant([RowCounted(weight(32, 64))], rows=(1, 4, 8))
 
 
+def fake_passes(monkeypatch, ms: dict):
+    """`quant.pass_s` as the runtime's auto choices call it, answering from `ms`:
+    {(format, rows): milliseconds}, the format read off the sample's first weight."""
+    import kvedge.common.model.runtime as runtime
+    from kvedge.common.model.quant import Bf16Weight, Fp16Weight
+
+    def timed(sample, rows=1, reps=3):
+        kind = {Fp16Weight: "fp16", Bf16Weight: "bf16"}.get(type(sample[0]), "fp32")
+        return ms[kind, rows] / 1e3
+
+    monkeypatch.setattr(runtime, "pass_s", timed)
+
+
 def test_auto_takes_fp16_only_where_it_is_row_invariant_and_fast(monkeypatch):
     """`decode_weights="auto"`: the load-time probe decides — fp16 when its products are
     row-invariant and the timed pass beats fp32's by AUTO_SPEEDUP, else fp32 with the fp16
@@ -272,15 +285,32 @@ def test_auto_takes_fp16_only_where_it_is_row_invariant_and_fast(monkeypatch):
     assert rt.decode_choice == "as asked"
 
 
+def test_auto_prompt_takes_bf16_where_a_start_sized_pass_is_fast(monkeypatch):
+    from kvedge.common.model.quant import AUTO_PROMPT_ROWS, Bf16Weight
+
+    rt = tiny_runtime("tiny-llama")
+    fake_passes(monkeypatch, {("fp32", AUTO_PROMPT_ROWS): 326, ("bf16", AUTO_PROMPT_ROWS): 109})
+    rt.use_prompt_weights("auto")
+    assert rt.prompt_format == "bf16" and isinstance(rt.prompt_layers[0].wq, Bf16Weight)
+    assert "bf16 109.0" in rt.prompt_choice
+    fake_passes(monkeypatch, {("fp32", AUTO_PROMPT_ROWS): 326, ("bf16", AUTO_PROMPT_ROWS): 300})
+    rt.use_prompt_weights("auto")
+    assert rt.prompt_format == "fp32" and rt.prompt_layers is rt.layers
+    assert "bf16" not in rt._decode
+    rt.use_prompt_weights("bf16")
+    assert rt.prompt_choice == "as asked"
+
+
 def test_the_timed_sample_holds_enough_weights_and_a_pass_is_timed():
-    from kvedge.common.model.quant import TIMED_BYTES, one_row_pass_s, products, timed_layers
+    from kvedge.common.model.quant import TIMED_BYTES, pass_s, products, timed_layers
 
     rt = tiny_runtime("tiny-llama")
     assert timed_layers(rt.layers) == len(rt.layers)  # a tiny model is timed whole
     per_layer = sum(4 * w.numel() for w in products(rt.layers[:1], rt.lm_head)[:-1])
     assert timed_layers(rt.layers * (TIMED_BYTES // per_layer + 5)) == \
         -(-TIMED_BYTES // per_layer)
-    assert one_row_pass_s(products(rt.layers, rt.lm_head), reps=2) > 0
+    assert pass_s(products(rt.layers, rt.lm_head), reps=2) > 0
+    assert pass_s(products(rt.layers, rt.lm_head), rows=16, reps=2) > 0
 
 
 def test_unknown_format_and_a_model_off_the_cpu_are_refused():
@@ -328,3 +358,5 @@ def test_serve_offers_the_formats_and_refuses_others():
     assert result.exit_code == 2 and "'fp32'" in result.output and "'bf16'" in result.output
     helped = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
     assert "DECODE_WEIGHTS; default: auto]" in " ".join(helped.output.split())
+    assert "[fp32|bf16|auto] weights every forward over a prompt" in " ".join(
+        helped.output.split())

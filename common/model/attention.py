@@ -25,12 +25,15 @@ _CUDA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 # One query against a short context is too little work to split: on the CPU such a call runs
 # on one thread. A decode step makes one per request and layer (480 a step for 16 requests on
-# SmolLM2); one over 600 keys, SmolLM2's shapes, took 82 µs on one thread and 107–388 µs on
-# two (2 cores, a benchmark running beside it: handing work to a busy core waits for it, as
-# on an edge under load). Past ONE_THREAD_KEYS keys the split pays again. Every path that
-# attends one query calls `sdpa`, so the rule holds for the runtime's forward and the batched
-# step alike (their bits stay equal: the kernel may split a call differently by thread count).
-ONE_THREAD_KEYS = 2048
+# SmolLM2). SmolLM2's shapes, 2 cores: on a quiet machine one thread and two take the same
+# time up to ~1K keys (512 keys: 72 against 68 µs; 1,024: 133 against 133) and two win past
+# it (2,048: 260 against 180–255; 4,096: 526–566 against 323–371); with the other core busy —
+# a benchmark beside it, as an edge under load has gRPC handlers and clients — one call over
+# 600 keys took 82 µs on one thread and 107–388 µs on two (handing work to a busy core waits
+# for it). Hence ONE_THREAD_KEYS = 1024. Every path that attends one query calls `sdpa`, so the
+# rule holds for the runtime's forward and the batched step alike (their bits stay equal: the
+# kernel may split a call differently by thread count).
+ONE_THREAD_KEYS = 1024
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:

@@ -181,10 +181,14 @@ def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
     return True
 
 
-# `auto` decode weights take fp16 when its one-row pass is at least this much faster than
-# fp32's; the sample timed is the first layers holding TIMED_BYTES of fp32 weights (beyond
-# any cache, as a whole model's pass is), each pass timed REPS times after a warm-up.
+# `auto` weights are chosen by timed passes over a sample of the model's weights: the first
+# layers holding TIMED_BYTES of fp32 weights (beyond any cache, as a whole model's pass is),
+# each pass timed REPS times after a warm-up. Decode weights: a one-row pass (a lone answer's
+# step); prompt weights: a pass at AUTO_PROMPT_ROWS rows (an answer's start on a KB: the
+# reuse recompute of a few segments and the question, ~120–190 rows on the demo KB). A copy
+# is taken only when it costs at most 1 / AUTO_SPEEDUP of fp32's.
 AUTO_SPEEDUP = 1.5
+AUTO_PROMPT_ROWS = 128
 TIMED_BYTES = 256 << 20
 REPS = 3
 
@@ -200,19 +204,19 @@ def timed_layers(layers: list) -> int:
     return len(layers)
 
 
-def one_row_pass_s(weights: list, reps: int = REPS) -> float:
-    """Seconds of one row through every weight of `weights` (plain tensors or the copies'
-    products), the fastest of `reps` passes after a warm-up one."""
+def pass_s(weights: list, rows: int = 1, reps: int = REPS) -> float:
+    """Seconds of `rows` rows through every weight of `weights` (plain tensors or the
+    copies' products), the fastest of `reps` passes after a warm-up one."""
     import time
 
     gen = torch.Generator().manual_seed(0)
-    rows = {w.shape[1]: torch.randn(1, w.shape[1], generator=gen).to(w.device)
-            for w in weights}
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=gen).to(w.device)
+              for w in weights}
 
     def once() -> float:
         start = time.perf_counter()
         for w in weights:
-            linear(rows[w.shape[1]], w)
+            linear(inputs[w.shape[1]], w)
         return time.perf_counter() - start
 
     once()

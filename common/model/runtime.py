@@ -37,8 +37,9 @@ from kvedge.common.errors import (ActiveSetError, CacheError, InvalidOption,
 from kvedge.common.model.attention import OwnKV
 from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
 from kvedge.common.model.models import AUTO_DECODE, PROMPT_WEIGHTS
-from kvedge.common.model.quant import (AUTO_SPEEDUP, decode_weights, linear, one_row_pass_s,
-                                       products, rows_invariant, timed_layers)
+from kvedge.common.model.quant import (AUTO_PROMPT_ROWS, AUTO_SPEEDUP,
+                                       decode_weights, linear, pass_s, products,
+                                       rows_invariant, timed_layers)
 from kvedge.common.model.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -175,25 +176,32 @@ class Runtime:
         edge computes itself: the model's own weights ("fp32", the exact runtime that
         `kvctl model verify` checks against transformers), or bf16 copies ("bf16",
         `quant.Bf16Weight`: each matmul's inputs and output rounded to bf16, everything
-        else as it was), which on a CPU with a bf16 GEMM run a forward of a hundred rows
-        ~3× faster (docs/serving.md). The LM head stays the model's own (a start picks from
-        one row). Set it on a runtime no request is using (the edge sets it at load); the
+        else as it was), which on a CPU with a bf16 GEMM run a start ~1.5× faster (SmolLM2,
+        145 rows over a 440-token cache: 0.23 against 0.36 s; the matmuls 3× faster, the
+        attention not at all), or "auto" (`auto_prompt_weights`: bf16 where a timed pass
+        finds it fast; `prompt_choice` says why). The LM head stays the model's own (a start
+        picks from one row). Set it on a runtime no request is using (the edge sets it at load); the
         cloud's prefill, verify and the benchmarks' quality figures keep fp32 unless a run
         asks otherwise. The copies are shared with bf16 decode weights."""
-        if fmt not in PROMPT_WEIGHTS:
-            raise InvalidOption(f"prompt weights {fmt!r}: choose one of {PROMPT_WEIGHTS}")
+        if fmt == AUTO_DECODE:
+            fmt, self.prompt_choice = self.auto_prompt_weights()
+        elif fmt in PROMPT_WEIGHTS:
+            self.prompt_choice = "as asked"
+        else:
+            raise InvalidOption(f"prompt weights {fmt!r}: choose one of {PROMPT_WEIGHTS} or "
+                                f"{AUTO_DECODE!r}")
         self.prompt_layers = self.layers if fmt == "fp32" else self._copies(fmt)[0]
         self.prompt_format = fmt
 
     def use_decode_weights(self, fmt: str) -> None:
         """What decode steps (`batch.decode_step`) read: the model's own weights ("fp32") or
-        weight-only int8 or fp16 copies ("int8", "fp16", `kvedge.common.model.quant`), or
-        "auto" (`auto_decode_weights` picks fp32 or fp16; `decode_choice` says why).
-        Prefill and recompute always read the model's own. Set it between steps (the
-        scheduler's thread reads it per step). `decode_rows_invariant` says whether the
-        copies' products were found row-invariant on this machine (`quant.rows_invariant`,
-        checked once per format: steps over them need no padding rows); fp32 BLAS is taken
-        as not (`kvedge.common.model.batch.ROW_MULTIPLE`)."""
+        weight-only int8, fp16 or bf16 copies (`kvedge.common.model.quant`), or "auto"
+        (`auto_decode_weights` picks fp32 or fp16; `decode_choice` says why).
+        Forwards over a prompt read `prompt_layers` (`use_prompt_weights`). Set it between
+        steps (the scheduler's thread reads it per step). `decode_rows_invariant` says whether
+        the copies' products were found row-invariant on this machine
+        (`quant.rows_invariant`, checked once per format: steps over them need no padding
+        rows); fp32 BLAS is taken as not (`kvedge.common.model.batch.ROW_MULTIPLE`)."""
         if fmt == AUTO_DECODE:
             fmt, self.decode_choice = self.auto_decode_weights()
         else:
@@ -219,13 +227,19 @@ class Runtime:
         Decision (2026-11-27): fp16 rather than int8, because on 300 real HotpotQA questions
         per model fp16 changed 0 (Qwen2.5-0.5B) and 3 (SmolLM2) answers, F1 +0.000 on both,
         at 0.20× / 0.37× fp32's time per token, where int8 changed 4 and 48 of 150
-        (docs/serving.md); and measured at
-        load rather than assumed, because fp16 matmul was 4.6× faster than fp32 on this
-        project's AVX-512 machine and nothing says it is on a CPU without such a path. The
-        threshold leaves out a CPU where fp16 barely wins: its cost grows with rows where
-        fp32's stays flat, so under load a small single-row gain turns into a loss. Beyond
-        what `--decode-weights fp16` costs at load (the copies, the invariance probe), the
-        timing adds 8 one-row passes over ~256 MB of weights: 0.07 s fp32 and 0.12 s fp16
+        (docs/serving.md); and measured at load rather than assumed, because fp16 matmul was
+        4.6× faster than fp32 on this project's AVX-512 machine and nothing says it is on a
+        CPU without such a path. The threshold leaves out a CPU where fp16 barely wins.
+
+        Decision (2026-11-28): not bf16, though bf16 steps give a loaded edge 1.34× the
+        answers/s (16 SmolLM2 clients) — fp16's cost grows with a step's rows, bf16's
+        hardly (`quant.Bf16Weight`). A lone answer is what an edge serves most, and there
+        fp16 wins: its one-row step took 29 ms against a padded bf16 step's 52 (SmolLM2,
+        1,300-token cache), TPOT 58 against 77 ms with bf16's drafts on 30 HotpotQA
+        questions; and bf16 moved 15–17 of 100 SmolLM2 answers where fp16 moved 1 in 100.
+        A busy edge passes `--decode-weights bf16` (docs/serving.md, "bf16 weights").
+        Beyond what `--decode-weights fp16` costs at load (the copies, the invariance probe),
+        the timing adds 8 one-row passes over ~256 MB of weights: 0.07 s fp32 and 0.12 s fp16
         on SmolLM2 (19 layers timed; 2 cores, beside a benchmark)."""
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return "fp32", f"the model's own {self.dtype} weights on {self.device.type}"
@@ -234,14 +248,30 @@ class Runtime:
             self._decode.pop("fp16")
             return "fp32", "fp16 products are not row-invariant on this CPU"
         n = timed_layers(self.layers)
-        fp32_s = one_row_pass_s(products(self.layers[:n], self.lm_head)[:-1])
-        fp16_s = one_row_pass_s(products(layers[:n], head)[:-1])
+        fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1])
+        fp16_s = pass_s(products(layers[:n], head)[:-1])
         if fp16_s * AUTO_SPEEDUP > fp32_s:
             self._decode.pop("fp16")
             return "fp32", (f"fp16 one-row pass {fp16_s * 1e3:.1f} ms against fp32's "
                             f"{fp32_s * 1e3:.1f} (< {AUTO_SPEEDUP}x faster)")
         return "fp16", (f"fp16 products row-invariant, one-row pass {fp16_s * 1e3:.1f} ms "
                         f"against fp32's {fp32_s * 1e3:.1f}")
+
+    def auto_prompt_weights(self) -> tuple[str, str]:
+        """(format, why) for `--prompt-weights auto`: bf16 copies where a pass of
+        `quant.AUTO_PROMPT_ROWS` rows over the first layers' weights takes at most
+        1 / AUTO_SPEEDUP of fp32's; else the model's own. Only for an fp32 model on the CPU.
+        Quality: docs/serving.md ("bf16 weights")."""
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            return "fp32", f"the model's own {self.dtype} weights on {self.device.type}"
+        n = timed_layers(self.layers)
+        costs = {fmt: pass_s(products(self._copies(fmt)[0][:n], self.lm_head)[:-1],
+                             AUTO_PROMPT_ROWS) for fmt in ("fp32", "bf16")}
+        best = "bf16" if costs["bf16"] * AUTO_SPEEDUP <= costs["fp32"] else "fp32"
+        if best == "fp32" and self.decode_format != "bf16":
+            self._decode.pop("bf16")
+        return best, (f"a {AUTO_PROMPT_ROWS}-row pass, ms: fp32 {costs['fp32'] * 1e3:.1f}, "
+                      f"bf16 {costs['bf16'] * 1e3:.1f} (bf16 needs {AUTO_SPEEDUP}x)")
 
     @property
     def dtype(self):
