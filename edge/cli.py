@@ -99,7 +99,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "exact runtime's), int8 (one byte per weight, one scale per row: faster "
               "decode on CPU), fp16 (near fp32's logits; fast only on CPUs with a fast "
               "fp16 path, e.g. AVX-512; slow for many rows), bf16 (fast for batched steps on "
-              "CPUs with a bf16 GEMM, e.g. avx512_bf16: a busy edge's choice) or auto (fp16 "
+              "CPUs with a bf16 GEMM such as avx512_bf16: a busy edge's choice) or auto (fp16 "
               "where a probe at load finds it row-invariant and 1.5x faster than fp32, else "
               "fp32); int8, fp16 and bf16 answers are judged by agreement, not bit-exact "
               "(docs/serving.md)")
@@ -108,7 +108,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="weights every forward over a prompt reads (an answer's start: the reuse "
               "recompute and the question; session prefixes): fp32 (the exact runtime's), "
               "bf16 (each matmul's inputs rounded to bf16: ~1.5x faster starts on CPUs with "
-              "a bf16 GEMM, e.g. avx512_bf16; not bit-exact, docs/serving.md) or auto (bf16 "
+              "a bf16 GEMM such as avx512_bf16; not bit-exact, docs/serving.md) or auto (bf16 "
               "where a pass timed at load is 1.5x faster than fp32's)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,

@@ -291,7 +291,7 @@ def test_breakdown_defaults_to_the_edges_strategy_and_times_a3_when_asked():
         DEFAULT_STRATEGY
     out = CliRunner().invoke(bench, ["load", "--help"])
     assert f"the edge's, {DEFAULT_STRATEGY}" in out.output
-    assert "--decode-weights [fp32|int8|fp16|auto]" in out.output
+    assert "--decode-weights [fp32|int8|fp16|bf16|auto]" in out.output
     row = Bench("tiny-llama", max_new_tokens=2, breakdown="a3").run(
         Cell("reuse", FACTS, 2, "a3", 0.15, 2))
     phases = row["breakdown"]
