@@ -61,9 +61,7 @@ def run(model: str, questions: int, strategies: list[str], style: str,
         q = item.questions[0]
         composed = bench.engine.compose(segments, q.text, STYLES[style] or q.instruction)
         for name, fmt, spec in modes:
-            decode, _, prompt = fmt.partition("/")  # the scheduler is idle between answers
-            bench.engine.rt.use_decode_weights(decode)
-            bench.engine.rt.use_prompt_weights(prompt or "fp32")
+            use_weights(bench.engine.rt, fmt)  # the scheduler is idle between answers
             if (row := kept.get((item.key, name, fmt, spec))) is not None:
                 rows.append(row)
                 continue
@@ -75,9 +73,15 @@ def run(model: str, questions: int, strategies: list[str], style: str,
                          "item": item.key, "answer_s": time.perf_counter() - start})
             if sink is not None:
                 sink(rows[-1])
-    bench.engine.rt.use_decode_weights(formats[0].partition("/")[0])
-    bench.engine.rt.use_prompt_weights(formats[0].partition("/")[2] or "fp32")
+    use_weights(bench.engine.rt, formats[0])
     return rows
+
+
+def use_weights(rt, fmt: str) -> None:
+    """A mode's weights on `rt`: DECODE, or DECODE/PROMPT (prompt weights fp32 if not given)."""
+    decode, _, prompt = fmt.partition("/")
+    rt.use_decode_weights(decode)
+    rt.use_prompt_weights(prompt or "fp32")
 
 
 def _key(row: dict) -> tuple:

@@ -103,8 +103,10 @@ class Fp16Weight:
     did on that one (1–64 rows, every weight shape of Qwen2.5-0.5B and SmolLM2), where the
     step then pads nothing (`Runtime.decode_rows_invariant`)."""
 
+    dtype = torch.float16  # what the weight is kept in, and the activations are cast to
+
     def __init__(self, weight: torch.Tensor):
-        self.w = weight.detach().to(torch.float16)
+        self.w = weight.detach().to(self.dtype)
         self.shape = weight.shape
 
     @property
@@ -116,7 +118,7 @@ class Fp16Weight:
         return self.w.device
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.linear(x.to(torch.float16), self.w).to(x.dtype)
+        y = F.linear(x.to(self.dtype), self.w).to(x.dtype)
         return y if bias is None else y + bias
 
 
@@ -138,13 +140,7 @@ class Bf16Weight(Fp16Weight):
     (1–80 rows, SmolLM2's and Qwen2.5-0.5B's widths), so bf16 steps are padded as fp32's are
     (`batch.row_multiple`, through the load-time `rows_invariant` probe)."""
 
-    def __init__(self, weight: torch.Tensor):
-        self.w = weight.detach().to(torch.bfloat16)
-        self.shape = weight.shape
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.linear(x.to(torch.bfloat16), self.w).to(x.dtype)
-        return y if bias is None else y + bias
+    dtype = torch.bfloat16
 
 
 _WEIGHTS = {"int8": Int8Weight, "fp16": Fp16Weight, "bf16": Bf16Weight}

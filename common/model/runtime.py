@@ -241,8 +241,8 @@ class Runtime:
         Beyond what `--decode-weights fp16` costs at load (the copies, the invariance probe),
         the timing adds 8 one-row passes over ~256 MB of weights: 0.07 s fp32 and 0.12 s fp16
         on SmolLM2 (19 layers timed; 2 cores, beside a benchmark)."""
-        if self.device.type != "cpu" or self.dtype != torch.float32:
-            return "fp32", f"the model's own {self.dtype} weights on {self.device.type}"
+        if (kept := self._own_weights_only()) is not None:
+            return "fp32", kept
         layers, head, invariant = self._copies("fp16")
         if not invariant:
             self._decode.pop("fp16")
@@ -257,13 +257,20 @@ class Runtime:
         return "fp16", (f"fp16 products row-invariant, one-row pass {fp16_s * 1e3:.1f} ms "
                         f"against fp32's {fp32_s * 1e3:.1f}")
 
+    def _own_weights_only(self) -> str | None:
+        """Why `auto` keeps the model's own weights whatever a probe would say — a model not
+        in fp32, or not on the CPU (its copies exist for CPU matmuls) — or None."""
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            return f"the model's own {self.dtype} weights on {self.device.type}"
+        return None
+
     def auto_prompt_weights(self) -> tuple[str, str]:
         """(format, why) for `--prompt-weights auto`: bf16 copies where a pass of
         `quant.AUTO_PROMPT_ROWS` rows over the first layers' weights takes at most
         1 / AUTO_SPEEDUP of fp32's; else the model's own. Only for an fp32 model on the CPU.
         Quality: docs/serving.md ("bf16 weights")."""
-        if self.device.type != "cpu" or self.dtype != torch.float32:
-            return "fp32", f"the model's own {self.dtype} weights on {self.device.type}"
+        if (kept := self._own_weights_only()) is not None:
+            return "fp32", kept
         n = timed_layers(self.layers)
         costs = {fmt: pass_s(products(self._copies(fmt)[0][:n], self.lm_head)[:-1],
                              AUTO_PROMPT_ROWS) for fmt in ("fp32", "bf16")}
