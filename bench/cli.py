@@ -408,7 +408,7 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
              batch_invariant, decode_weights, prompt_weights, steps, conversations):
     """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
     one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
-    from kvedge.bench.load import decode_costs, questions_in, run_load, table
+    from kvedge.bench.load import decode_costs, questions_in, run_load, start_bound, table
     from kvedge.apps.demo import DEMO_KB
 
     folder = Path(kb_dir) if kb_dir else DEMO_KB
@@ -419,6 +419,9 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
                       decode_weights=decode_weights, prompt_weights=prompt_weights,
                       serve_args=() if batch_invariant else ("--no-batch-invariant",))
     click.echo(table(rounds))
+    if not conversations:
+        click.echo(f"serial starts bound any round to {start_bound(rounds[0]):.2f}× the "
+                   "one-client rate (one answer per start even if decoding were free)")
     if steps:
         costs = decode_costs(model)
         click.echo("decode step, 560-token caches: " + ", ".join(

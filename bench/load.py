@@ -254,6 +254,17 @@ def table(rounds: list[Round]) -> str:
     return "\n".join(lines)
 
 
+def start_bound(one: Round) -> float:
+    """The most any client count can gain over the one-client round `one` while answers start
+    one after another (Amdahl over the start): were every decode step free, answers would
+    still come at most one per start, 1 / mean TTFT. The edge's scheduler runs one start at a
+    time and a start is compute-bound (it keeps the CPU's cores busy alone), so a measured
+    ratio above this says starts overlapped, and a target above it needs cheaper starts,
+    not better batching of steps (docs/serving.md, issue 27)."""
+    mean_ttft = sum(one.ttfts) / len(one.ttfts) if one.ttfts else 0.0
+    return 1 / (mean_ttft * one.rate) if mean_ttft and one.rate else 0.0
+
+
 def unbatched_round(state: Path, model: str, questions: list[str], per_client: int,
                     strategy: str = "", top_k: int = 3, max_new_tokens: int = 48,
                     decode_weights: str = AUTO_DECODE,

@@ -444,6 +444,18 @@ def test_load_rounds_count_answers_that_differ_from_one_client():
     assert many.tpot(0.5) == 0.05 and table([one, many]).endswith("| 50 | 50 | 0 |")
 
 
+def test_the_start_bound_is_one_answer_per_mean_start():
+    """One client: 4 answers in 8 s, starts of 0.5 s on average → were decoding free, one
+    answer per 0.5 s: 4× its rate at most."""
+    from kvedge.bench.load import Round, start_bound
+
+    one = Round(1, wall_s=8.0)
+    for ttft in (0.4, 0.6, 0.5, 0.5):
+        one.add("q", ttft, 20, "a")
+    assert start_bound(one) == pytest.approx(4.0)
+    assert start_bound(Round(1)) == 0.0  # no answers: nothing to bound by
+
+
 def test_load_conversations_run_with_and_without_session_kv(tmp_path):
     """`kvctl bench load --conversations`: each client's questions are turns of one chat
     through a real daemon's OpenAI API; the same rounds run with the edge keeping each
