@@ -77,7 +77,7 @@ def test_kept_rows_are_the_questions_snapkv_votes():
     attention at that layer (summed over its query heads), max-pooled over 7 neighbours."""
     import torch.nn.functional as F
 
-    from kvedge.common.model.attention import attention_probs
+    from kvedge.common.model.attention import attention_probs_reference as attention_probs
 
     rt = tiny_runtime("tiny-llama")
     composed = composed_prompt(rt, seed=7)

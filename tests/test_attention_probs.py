@@ -1,0 +1,31 @@
+"""`common.model.attention.attention_probs` (eviction's and A3's scoring) equals its plain
+reference: probes after a context, queries among their keys, sliding windows, keys in any
+order, and queries that see no key (zeros, not NaN)."""
+import pytest
+import torch
+
+from kvedge.common.model.attention import attention_probs, attention_probs_reference
+
+CASES = {  # name: (query positions, key positions, window)
+    "probe after its context": (torch.arange(40, 52), torch.arange(52), None),
+    "queries among their keys": (torch.arange(0, 30, 3), torch.arange(30), None),
+    "sliding window": (torch.arange(40, 52), torch.arange(52), 16),
+    "keys with gaps, window": (torch.tensor([9, 20, 33]),
+                               torch.tensor([0, 1, 5, 9, 18, 31, 33]), 12),
+    "no key seen": (torch.tensor([2, 3, 35]), torch.tensor([4, 5, 30, 31]), 8),
+    "unsorted keys": (torch.arange(10, 14), torch.tensor([12, 3, 0, 13, 7, 11, 10]), None),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_attention_probs_equal_the_reference(name):
+    q_pos, k_pos, window = CASES[name]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, q_pos.numel(), 8, generator=gen)
+    k = torch.randn(2, k_pos.numel(), 8, generator=gen)
+    fast = attention_probs(q, k, q_pos, k_pos, 0.35, window)
+    reference = attention_probs_reference(q, k, q_pos, k_pos, 0.35, window)
+    torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
+    assert not fast.isnan().any()
+    if name == "no key seen":
+        assert fast[:, :, :2].abs().sum() == 0 and (fast[:, :, 2].sum(-1) > 0.99).all()
