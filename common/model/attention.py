@@ -160,7 +160,10 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos
     before its one matmul, the mask is written in place and only over the keys some query
     does not see (a probe after a context sees every context key: only its own keys need the
     causal mask), and no NaN pass. Eviction's scoring (KVzip, ContrastKV, SnapKV) spends most
-    of its time here: 2.4× faster on a 256 × 5,096 chunk (SmolLM2's heads, 2 CPU threads)."""
+    of its time here. Beside a benchmark on 2 CPU threads, a 256 × 5,096 chunk took 127–143
+    against 220–237 ms (SmolLM2's heads) and 180–186 against 323 ms (Qwen2.5-0.5B's), and
+    ContrastKV's scores of a 2K-token SmolLM2 context 47.5 against 76.3 s, bit-identical
+    (a head size of 64 makes the scale 1/8, exact before the matmul as after it)."""
     h, g, tq, d = q.shape
     s = torch.bmm((q.float() * scale).reshape(h, g * tq, d),
                   k.float().transpose(1, 2)).view(h, g, tq, -1)
