@@ -14,6 +14,8 @@ CASES = {  # name: (query positions, key positions, window)
                                torch.tensor([0, 1, 5, 9, 18, 31, 33]), 12),
     "no key seen": (torch.tensor([2, 3, 35]), torch.tensor([4, 5, 30, 31]), 8),
     "unsorted keys": (torch.arange(10, 14), torch.tensor([12, 3, 0, 13, 7, 11, 10]), None),
+    "no query": (torch.arange(0), torch.arange(5), None),
+    "no key": (torch.arange(3), torch.arange(0), None),
 }
 
 
@@ -26,6 +28,6 @@ def test_attention_probs_equal_the_reference(name):
     fast = attention_probs(q, k, q_pos, k_pos, 0.35, window)
     reference = attention_probs_reference(q, k, q_pos, k_pos, 0.35, window)
     torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
-    assert not fast.isnan().any()
+    assert not fast.isnan().any() and fast.shape == (2, 3, q_pos.numel(), k_pos.numel())
     if name == "no key seen":
         assert fast[:, :, :2].abs().sum() == 0 and (fast[:, :, 2].sum(-1) > 0.99).all()

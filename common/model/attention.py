@@ -166,8 +166,9 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos
     (a head size of 64 makes the scale 1/8, exact before the matmul as after it)."""
     h, g, tq, d = q.shape
     s = torch.bmm((q.float() * scale).reshape(h, g * tq, d),
-                  k.float().transpose(1, 2)).view(h, g, tq, -1)
-    sees = None
+                  k.float().transpose(1, 2)).view(h, g, tq, k.shape[1])
+    if tq == 0 or k_pos.numel() == 0:
+        return s  # nothing to weigh (no query, or no key: zeros)
     if k_pos.numel() > 1 and not bool((k_pos[1:] >= k_pos[:-1]).all()):  # unsorted: mask all
         mask = visible(q_pos, k_pos, window)
         s.masked_fill_(~mask, float("-inf"))
