@@ -233,13 +233,20 @@ def static_check(device, quick: bool, steps: int = 40) -> list[dict]:
             row = {"dtype": str(dtype).split(".")[1], "context": context}
             ref, state = started(), started()
             run = StaticDecode(rt, state)
-            worst, agree = 0.0, True
-            for _ in range(steps):  # the same answer both ways, compared step by step
+            worst, agree, first = 0.0, 0, None
+            for i in range(steps):  # the same answer both ways, compared step by step
                 decode_step(rt, [ref], row_multiple=1)
                 token = run.advance()
-                worst = max(worst, float((state.logits - ref.logits).abs().max()))
-                agree = agree and token == ref.token
-            row["static_logits_max_abs"], row["static_tokens_agree"] = worst, agree
+                gap = float((state.logits - ref.logits).abs().max())
+                first = gap if first is None else first
+                if agree == i:  # every token so far agreed: both ran the same text
+                    worst = max(worst, gap)
+                    agree += token == ref.token
+            # past the first token that differs the two answers run on different text: their
+            # logits are compared while the tokens agree
+            row["static_first_step_max_abs"] = first
+            row["static_logits_max_abs"] = worst
+            row["static_tokens_agree"] = f"{agree}/{steps}"
             row["runtime_ms"] = median_ms(lambda: decode_step(rt, [ref], row_multiple=1),
                                           device, repeats=steps, warmup=2)
             row["static_eager_ms"] = median_ms(run.advance, device, repeats=steps, warmup=2)

@@ -31,10 +31,28 @@ The layout, and the decisions behind it:
   for bit (tests/test_static_decode.py: ≤ 1e-5, the same greedy tokens) — the same standing
   as `--no-batch-invariant` decoding.
 - **Scope**: one answer, greedy or sampled (the pick stays on the host: a served answer reads
-  each token anyway to stream it). It ends where the answer does; the K/V of its tokens stay
-  in these buffers, not in the request's cache (a conversation's session cache stores the
-  prompt's). Not the scheduler's batched step: that is the next step once a device measures
-  this one.
+  each token anyway to stream it), no drafts. The K/V of its tokens stay in these buffers
+  until `hand_back()` writes them into the answer's own cache (each layer's heads at their
+  positions, the extent grown), after which `decode_step` continues the answer as if every
+  step had been its own, to float rounding. An answer that ends here is not handed back:
+  nothing reads a finished answer's cache (a conversation's session cache stores the prompt's).
+- **Served as graph decode for a lone answer** (`kvedge.edge.scheduler.Scheduler`,
+  `graph_decode`, on by default on CUDA): while one answer alone decodes, the scheduler steps
+  it here, replayed as a CUDA graph; when a second joins, it is handed back and the batched
+  step takes both. On an H200 (random weights of Qwen2.5-0.5B's shape, bf16) `decode_step`
+  (one row, unpadded) took 16.6 ms a token at 1.3K tokens of context and 16.3 at 8K, this
+  step eager 14.5 / 14.8, and replayed as a graph 3.48 / 6.04 (4.8× / 2.7×). In fp32 the
+  graph took 7.0 ms at 1.3K against 16.7, but 27.3 at 8K against 17.8: slower there (its
+  masked fp32 attention over every slot), so an fp32 model serving long contexts on CUDA may
+  do better without it.
+- **Off on the CPU**: no graph there, and eager this step was level with the unpadded
+  `decode_step` (SmolLM2, 1.3K: 66.5 against 66.0 ms, docs/serving.md), while the served CPU
+  step drafts and is batch-invariant — a lone answer's tokens bit for bit those it gets in
+  any batch. This step is neither (Exactness above). On CUDA that invariance is not
+  established anyway: the step runs the model's own weights, for which
+  `Runtime.decode_rows_invariant` is False, so `batch.row_multiple` pads to ROW_MULTIPLE
+  rows — a padding measured to give every row the same bits only for CPU BLAS; nobody has
+  measured whether cuBLAS does.
 """
 from __future__ import annotations
 
@@ -57,6 +75,7 @@ class StaticDecode:
 
     @torch.no_grad()
     def __init__(self, rt: Runtime, state: Decoding, steps: int | None = None):
+        _check_position(state)
         self.rt, self.state = rt, state
         steps = steps or max(1, state.max_new_tokens - state.picked)
         cache, dev = state.cache, rt.device
@@ -76,9 +95,12 @@ class StaticDecode:
         self.inv_freq = self.inv_freq.to(dev)
         self.windows = [w.window for w in rt.layers]
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
-        self.pos = torch.full((1,), state.next_position(), dtype=torch.long, device=dev)
+        self.p0, self.held = state.next_position(), held  # where the answer's tokens start
+        self.pos = torch.full((1,), self.p0, dtype=torch.long, device=dev)
         self.slot = torch.full((1,), held, dtype=torch.long, device=dev)
         self.free = steps  # slots left for the answer's tokens (counted here: no sync)
+        self.ran = 0  # tokens stepped (likewise): their K/V in slots held .. held + ran - 1
+        self.spent = False  # handed back: the answer's cache holds what it ran
         self.logits = torch.zeros(rt.lm_head.shape[0], dtype=rt.dtype, device=dev)
         self._graph = None
 
@@ -123,7 +145,13 @@ class StaticDecode:
                 self.step()
         torch.cuda.current_stream().wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        # "thread_local": the scheduler captures while other threads (an ask composing its
+        # cache) may allocate and sync on the GPU. In the default "global" mode their calls
+        # fail and invalidate the capture: on an H200, 24 lone answers beside a thread
+        # allocating and syncing all failed (and so did that thread's call each time); with
+        # this mode all 24 answered, the other thread unharmed. (A CUDA random draw in
+        # another thread during a capture still raises; kvedge samples on the CPU.)
+        with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
             self.step()
         for t, s in zip((self.k, self.v, self.slot_pos, self.pos, self.slot), saved):
             t.copy_(s)  # undo the warm-up steps
@@ -132,15 +160,52 @@ class StaticDecode:
         """Run the answer's last picked token (one step, replayed if captured) and pick the
         next with the answer's own sampler; returns it."""
         state = self.state
+        if self.spent:
+            raise CacheError("static decode handed back: the answer's cache steps it now")
         if self.free == 0:
             raise CacheError(f"static decode full: {self.slot_pos.shape[-1] - WARMUP} slots")
+        _check_position(state)
         self.free -= 1
         self.token.fill_(state.token)
         if self._graph is not None:
             self._graph.replay()
         else:
             self.step()
+        self.ran += 1
         return state.advance(self.logits)
+
+    @torch.no_grad()
+    def hand_back(self) -> None:
+        """Write the K/V of every token this run stepped into the answer's own cache, each
+        layer's heads at their positions (wherever they fall: after the held ones or in a gap
+        between them), and add the positions to its extent — so `decode_step` continues the
+        answer as if every step had been its own. The run is spent after it; one that ran
+        nothing leaves the cache as it was. A failed write undoes the layers written before."""
+        if self.spent:
+            raise CacheError("static decode already handed back")
+        self.spent = True
+        if self.ran == 0:
+            return
+        cache, ran = self.state.cache, slice(self.held, self.held + self.ran)
+        pos = torch.arange(self.p0, self.p0 + self.ran, device=self.rt.device)
+        undo = []
+        try:
+            for i, layer in enumerate(cache):
+                # buffer head h is the layer's KV head h: a dense layer's heads, or a ragged
+                # layer's one-head groups (HeadGroup.kv_heads), as __init__ filled them
+                undo.append(layer.append(pos, self.k[i, :, ran], self.v[i, :, ran]))
+        except BaseException:
+            for restore in reversed(undo):
+                restore()
+            raise
+        cache.extent.add(pos)
+
+
+def _check_position(state: Decoding) -> None:
+    """The check `decode_step` makes (on the host: no sync): a token decoded at a position
+    the cache's context covers would hold its K/V twice, so neither step runs it."""
+    if (p := state.next_position()) in state.cache.extent:
+        raise CacheError(f"decode position {p} is inside the cache's context")
 
 
 def static_decode(rt: Runtime, state: Decoding, graph: bool = False):
