@@ -100,6 +100,10 @@ class ModelChecksumMismatch(ModelNotInstalled):
     sha256 differ): it was deleted, not installed."""
 
 
+class DeviceUnavailable(KvedgeError):
+    """The device asked for (`kvedge serve --device cuda`) is not one torch can use here."""
+
+
 class ModelMismatch(KvedgeError):
     """KV computed by one model was given to another (fingerprints differ)."""
 

@@ -110,6 +110,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "bf16 (each matmul's inputs rounded to bf16: ~1.5x faster starts on CPUs with "
               "a bf16 GEMM such as avx512_bf16; not bit-exact, docs/serving.md) or auto (bf16 "
               "where a pass timed at load is 1.5x faster than fp32's)")
+@click.option("--device", default="cpu", show_default=True,
+              help="where the model runs: cpu, or cuda (cuda:N): there its weights are bf16 "
+              "and a lone answer's decode steps replay as one CUDA graph (docs/gpu.md)")
 @click.option("--sync-interval", default=5.0, show_default=True, help="seconds between syncs")
 @click.option("--cache-bytes", type=click.IntRange(0), default=0,
               help="pack cache budget in bytes, least recently used packs evicted beyond it "
@@ -143,7 +146,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               help="mutual TLS: the key of --cloud-tls-cert")
 def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_dir,
               model_name, strategy, top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
-              decode_weights, prompt_weights, sync_interval, cache_bytes, prefetch,
+              decode_weights, prompt_weights, device, sync_interval, cache_bytes, prefetch,
               fetch_or_compute, kv_budget,
               session_bytes,
               http_address, metrics_address,
@@ -159,7 +162,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
     from kvedge.common.cli import home_path
     from kvedge.common.net.cloud_client import CloudClient
     from kvedge.common.net.metrics import MetricsServer, daemon_registry
-    from kvedge.common.model.models import load_model
+    from kvedge.common.model.models import check_device, load_model, placed
     from kvedge.common.net.rpc import StopSignal, read_token, run_until_signal
     from kvedge.common.net.tls import check_listen, client_tls, describe, server_tls
     from kvedge.edge.engine import EdgeEngine
@@ -177,6 +180,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
     state = Path(state_dir) if state_dir else home_path("edge")
     tls = server_tls(state, address, tls_mode, tls_cert, tls_key, tls_client_ca, tls_hosts)
     check_listen(address, tls, insecure)  # before the model loads: a refusal costs nothing
+    check_device(device)
     if http_address:
         check_listen(http_address, tls, insecure)
     if metrics_address:
@@ -186,7 +190,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
     targets = pinned + [t for t in dict.fromkeys(map(Target.parse, kbs)) if t not in pinned]
     standins = alternates_of(targets, alternates)
     synced = targets + [t for alts in standins.values() for t in alts if t not in targets]
-    loaded = load_model(model_name)
+    loaded = placed(load_model(model_name), device)
     cache = PackCache(state / "packs", loaded.fingerprint, cache_bytes)
     cloud = CloudClient(cloud_address, read_token(cloud_token, home_path("cloud", "admin.token")),
                         client_tls(cloud_tls_ca, cloud_tls_cert, cloud_tls_key))

@@ -127,7 +127,8 @@ class EdgeEngine:
     read bf16 copies (`Runtime.use_prompt_weights`) — all but the fixed chat prefix, computed
     exactly once at load, which the cloud's packs are anchored behind. `ask` (the services)
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
-    runs it the same way.
+    runs it the same way. `graph_decode` (None: on when the model is on CUDA) steps a lone
+    answer in fixed buffers replayed as a CUDA graph (`Scheduler`'s graph decode).
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
     without one a missing or damaged pack fails the ask with PackCorrupt. `prefetcher` (an
     `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k.
@@ -147,7 +148,8 @@ class EdgeEngine:
                  spec_rows: int | None = None, fetch_or_compute: bool = False,
                  stream: bool = True, overlap: bool = True, decode_weights: str = "fp32",
                  prompt_weights: str = "fp32", kv_budget: int | None = None,
-                 alternates: dict[str, list[Target]] | None = None):
+                 alternates: dict[str, list[Target]] | None = None,
+                 graph_decode: bool | None = None):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
@@ -161,7 +163,7 @@ class EdgeEngine:
         self.tok = loaded.tokenizer
         self.state_dir = Path(state_dir) if state_dir else None
         self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant,
-                                   spec_rows=spec_rows,
+                                   spec_rows=spec_rows, graph_decode=graph_decode,
                                    kv_budget=kv_budget or default_kv_budget(self.rt.device))
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads

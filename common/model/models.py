@@ -24,7 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from kvedge.common.errors import ModelNotInstalled, UnknownModel
+from kvedge.common.errors import DeviceUnavailable, ModelNotInstalled, UnknownModel
 from kvedge.common.model.pull import WheelParts, pull
 
 if TYPE_CHECKING:
@@ -349,6 +349,40 @@ REGISTRY: dict[str, ModelEntry] = {
 }
 
 _CACHE: dict[str, LoadedModel] = {}
+
+
+def check_device(device: str) -> None:
+    """DeviceUnavailable unless torch can run a model on `device` here (before any work)."""
+    import torch
+
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise DeviceUnavailable(f"device {device!r} is not a device name torch knows; use "
+                                "cpu, cuda or cuda:N") from None
+    if target.type == "cuda" and (not torch.cuda.is_available() or
+                                  (target.index or 0) >= torch.cuda.device_count()):
+        raise DeviceUnavailable(f"device {device!r}: torch sees no such CUDA device on this "
+                                "machine (a CPU-only torch, or no GPU); serve with --device cpu")
+    if target.type not in ("cpu", "cuda"):
+        raise DeviceUnavailable(f"device {device!r}: kvedge runs on cpu or cuda")
+
+
+def placed(loaded: LoadedModel, device: str = "cpu",
+           dtype: torch.dtype | None = None) -> LoadedModel:
+    """`loaded` with its weights moved to `device` and cast to `dtype` (None: bf16 on a GPU,
+    the model's own on the CPU), in place. Its fingerprint — what packs are bound to — is
+    taken from the weights as loaded, before the move: a bf16 copy on a GPU serves the packs
+    the cloud made from the same fp32 weights (the cast is the edge's own choice, like
+    `--decode-weights`)."""
+    import torch
+
+    check_device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if torch.device(device).type == "cuda" else loaded.model.dtype
+    _ = loaded.fingerprint, loaded.tokenizer_id  # cached from the weights as loaded
+    loaded.model.to(torch.device(device), dtype)
+    return loaded
 
 
 def load_model(name_or_path: str, *, cache: bool = True) -> LoadedModel:

@@ -187,7 +187,7 @@ def sequence_ratio(cache: KVCache, composed: Composed) -> float:
     held = heads = 0
     for layer in cache:
         for group in layer.heads():
-            pos = group.positions
+            pos = group.positions.cpu()  # on the model's device, as the cache is
             inside = ((pos[:, None] >= ranges[:, 0]) & (pos[:, None] < ranges[:, 1])).any(1)
             held += int(inside.sum()) * group.keys.shape[0]
             heads += group.keys.shape[0]

@@ -20,7 +20,8 @@ def values_by_position(cache_layer, n_positions: int) -> torch.Tensor:
     (sized by the prompt, not the largest held position: a segment's tail may be evicted)."""
     groups = cache_layer.heads()
     n_kv = sum(g.values.shape[0] for g in groups)
-    out = torch.zeros(n_kv, n_positions, groups[0].values.shape[-1])
+    out = torch.zeros(n_kv, n_positions, groups[0].values.shape[-1],
+                      device=groups[0].values.device)
     for g in groups:
         out[g.kv_heads, g.positions] = g.values.float()
     return out

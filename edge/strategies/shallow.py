@@ -46,7 +46,8 @@ class ShallowSelection(ReuseStrategy):
 
         def observe(layer, q, q_pos, cache_layer):
             if layer == self.layer and not chosen:
-                scores = self.score(rt, composed, state, q, q_pos, cache_layer)[reused]
+                # the plan's positions are CPU tensors; the model's scores may be on a GPU
+                scores = self.score(rt, composed, state, q, q_pos, cache_layer)[reused].cpu()
                 top = torch.topk(scores, min(budget, scores.numel())).indices
                 chosen.append(reused[top])
 

@@ -86,7 +86,7 @@ class SparseX(ReuseStrategy):
         ell = self.boundary_layer(rt.n_layers)
         if ell == 0:
             all_ids = torch.tensor(composed.all_ids())
-            scores = self.layer0_scores(rt, cache, all_ids[fresh], fresh)
+            scores = self.layer0_scores(rt, cache, all_ids[fresh], fresh).cpu()
             chosen = self.recompute_set(scores, reused, fixed, budget)
             run = torch.sort(torch.cat([chosen, fresh])).values
             return Plan(cache, all_ids[run], run, recomputed=chosen.numel())
@@ -94,9 +94,9 @@ class SparseX(ReuseStrategy):
 
         def observe(layer, q, q_pos, cache_layer):
             if layer == ell - 1 and not chosen:
-                is_q = torch.isin(q_pos, fresh)
+                is_q = torch.isin(q_pos, fresh.to(q_pos.device))
                 s = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
-                                       rt.layers[layer].window, composed.seq_len())
+                                       rt.layers[layer].window, composed.seq_len()).cpu()
                 chosen.append(self.recompute_set(s, reused, fixed, budget))
 
         def active(layer, current):
@@ -144,7 +144,7 @@ class SparseX(ReuseStrategy):
         held = cache[0].heads()
         keys = [torch.cat([g.keys, k[g.kv_heads]], dim=1) for g in held]
         vals = [torch.cat([g.values, v[g.kv_heads]], dim=1) for g in held]
-        pos = [torch.cat([g.positions, fresh]) for g in held]
+        pos = [torch.cat([g.positions, fresh.to(g.positions.device)]) for g in held]
         if len(held) == 1:
             layer = DenseKV(keys[0], vals[0], pos[0])
         else:
