@@ -16,9 +16,9 @@ The KB: the demo KB (`kvedge.apps.demo.DEMO_KB`), prefilled on the CPU by the cl
 Settings: cpu fp32 (the reference), cuda fp32, cuda bf16, each with the scheduler's graph
 decode off and, on CUDA, on (`Scheduler(graph_decode=...)`: a lone answer's steps replayed as
 a CUDA graph). For each: every question asked alone with each strategy — the answer text,
-compared with the CPU's, and median TTFT and TPOT — then `--clients` asks at once (the same
-questions), answers/s against one at a time. Prints a table last; everything goes to
-OUT/gpu_edge.json.
+compared with the CPU's, median TTFT and TPOT, and where the TTFT went (`AskResult.phases`)
+— then `--clients` asks at once (the same questions), answers/s against one at a time.
+Prints the tables last; everything goes to OUT/gpu_edge.json.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def random_model_folder(files: Path, out: Path, seed: int = 0) -> Path:
 def _answer(engine, target, question: str, strategy: str, max_new_tokens: int) -> dict:
     *_, done = engine.ask(target, question, strategy=strategy, max_new_tokens=max_new_tokens)
     return {"answer": done.answer, "tokens": done.tokens, "ttft_s": done.ttft_s,
-            "tpot_s": done.tpot_s}
+            "tpot_s": done.tpot_s, "phases": done.phases}
 
 
 def _together(fn, items) -> list:
@@ -149,6 +149,20 @@ def summary(settings: list[dict], questions: int) -> list[dict]:
     return rows
 
 
+def start_phases(settings: list[dict]) -> list[dict]:
+    """Per setting and strategy, where a lone ask's time to first token went (median ms of
+    each of `AskResult.phases`: retrieval, packs, the scheduler's queue, the model's part)."""
+    rows = []
+    for s in settings:
+        for strategy in STRATEGIES:
+            answers = [a for a in s.get(strategy, []) if a.get("phases")]
+            if answers:
+                rows.append({"setting": s["name"], "strategy": strategy,
+                             **{name: statistics.median(a["phases"][name] for a in answers) * 1e3
+                                for name in answers[0]["phases"]}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import tempfile
@@ -200,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gpu_edge.json"), "w") as f:  # what a cut run had
             json.dump(result, f, indent=1)
+    print(_table("a lone ask's time to first token, median ms by phase",
+                 start_phases(result["settings"])))
     print(_table(f"the edge, {n} questions, {clients} clients",
                  summary(result["settings"], n)))
     return 1 if any("error" in s for s in result["settings"]) else 0
