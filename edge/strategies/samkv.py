@@ -504,7 +504,8 @@ def dense_where_aligned(cache: KVCache, reserve: int) -> KVCache:
 
 def drop_rows(cache: KVCache, gone: list[torch.Tensor], reserve: int) -> KVCache:
     """The cache without the positions gone[l] at layer l (the padding, after the pass)."""
-    layers = [kept_rows(layer, [~torch.isin(g.positions, drop) for g in layer.heads()
+    layers = [kept_rows(layer, [~torch.isin(g.positions, drop.to(g.positions.device))
+                                for g in layer.heads()
                                 for _ in range(g.keys.shape[0])], reserve)
               for layer, drop in zip(cache, gone)]
     return KVCache(layers, cache.extent, cache.seq_len)
