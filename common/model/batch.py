@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from kvedge.common.model.attention import sdpa, visible
-from kvedge.common.errors import CacheError
 from kvedge.common.model.decoding import Decoding
 from kvedge.common.model.kvcache import LayerKV
 from kvedge.common.model.quant import linear
@@ -92,10 +91,9 @@ def decode_step(rt: Runtime, states: list[Decoding], row_multiple: int = ROW_MUL
     Equals `Runtime.forward` of each token alone (one fresh token appended to each cache) up
     to the matmuls' row count (see ROW_MULTIPLE). A step that raises leaves every cache as
     it was."""
+    for s in states:
+        s.check_next_position()
     positions = [s.next_position() for s in states]
-    for s, p in zip(states, positions):
-        if p in s.cache.extent:
-            raise CacheError(f"decode position {p} is inside the cache's context")
     drafts = _drafts(states, positions, row_multiple, spec_rows)
     owners = [s for s, d in zip(states, drafts) for _ in range(1 + len(d))]
     ids = [t for s, d in zip(states, drafts) for t in (s.token, *d)]

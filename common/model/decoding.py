@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from kvedge.common.errors import InvalidRequest
+from kvedge.common.errors import CacheError, InvalidRequest
 from kvedge.common.model.kvcache import KVCache
 from kvedge.common.model.runtime import ActivePlan, Observer, Runtime
 from kvedge.common.model.speculate import PromptLookup
@@ -152,6 +152,12 @@ class Decoding:
     def next_position(self) -> int:
         """Where the last picked token goes in the next forward."""
         return self.position + 1
+
+    def check_next_position(self) -> None:
+        """CacheError if the next position lies inside the cache's context: the token's K/V
+        would be held twice. Every decode step checks it (on the host: no device sync)."""
+        if (p := self.next_position()) in self.cache.extent:
+            raise CacheError(f"decode position {p} is inside the cache's context")
 
     def draft(self, k: int) -> list[int]:
         """Up to k tokens guessed to follow the last picked one (none without a lookup),

@@ -351,8 +351,9 @@ REGISTRY: dict[str, ModelEntry] = {
 _CACHE: dict[str, LoadedModel] = {}
 
 
-def check_device(device: str) -> None:
-    """DeviceUnavailable unless torch can run a model on `device` here (before any work)."""
+def check_device(device: str) -> torch.device:
+    """`device` as torch names it; DeviceUnavailable unless torch can run a model there here
+    (called before any work)."""
     import torch
 
     try:
@@ -366,6 +367,7 @@ def check_device(device: str) -> None:
                                 "machine (a CPU-only torch, or no GPU); serve with --device cpu")
     if target.type not in ("cpu", "cuda"):
         raise DeviceUnavailable(f"device {device!r}: kvedge runs on cpu or cuda")
+    return target
 
 
 def placed(loaded: LoadedModel, device: str = "cpu",
@@ -377,11 +379,11 @@ def placed(loaded: LoadedModel, device: str = "cpu",
     `--decode-weights`)."""
     import torch
 
-    check_device(device)
+    target = check_device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if torch.device(device).type == "cuda" else loaded.model.dtype
+        dtype = torch.bfloat16 if target.type == "cuda" else loaded.model.dtype
     _ = loaded.fingerprint, loaded.tokenizer_id  # cached from the weights as loaded
-    loaded.model.to(torch.device(device), dtype)
+    loaded.model.to(target, dtype)
     return loaded
 
 

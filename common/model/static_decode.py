@@ -75,7 +75,7 @@ class StaticDecode:
 
     @torch.no_grad()
     def __init__(self, rt: Runtime, state: Decoding, steps: int | None = None):
-        _check_position(state)
+        state.check_next_position()
         self.rt, self.state = rt, state
         steps = steps or max(1, state.max_new_tokens - state.picked)
         cache, dev = state.cache, rt.device
@@ -164,7 +164,7 @@ class StaticDecode:
             raise CacheError("static decode handed back: the answer's cache steps it now")
         if self.free == 0:
             raise CacheError(f"static decode full: {self.slot_pos.shape[-1] - WARMUP} slots")
-        _check_position(state)
+        state.check_next_position()
         self.free -= 1
         self.token.fill_(state.token)
         if self._graph is not None:
@@ -199,13 +199,6 @@ class StaticDecode:
                 restore()
             raise
         cache.extent.add(pos)
-
-
-def _check_position(state: Decoding) -> None:
-    """The check `decode_step` makes (on the host: no sync): a token decoded at a position
-    the cache's context covers would hold its K/V twice, so neither step runs it."""
-    if (p := state.next_position()) in state.cache.extent:
-        raise CacheError(f"decode position {p} is inside the cache's context")
 
 
 def static_decode(rt: Runtime, state: Decoding, graph: bool = False):
