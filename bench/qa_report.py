@@ -5,18 +5,27 @@ questions (recompute; full KV) with 95 % paired bootstrap intervals
 length (`kvedge.bench.real.REAL_TASKS`); "correct" counts the answers that contain the gold
 answer. A ceiling read from OUT/ceilings.jsonl was timed by an earlier run: the table says
 how many questions' were.
+
+Reuse tables also set each strategy beside the edge's default (`DEFAULT_STRATEGY`) on the same
+questions: F1 and containment differences with their paired intervals, so that a ranking
+among strategies (not only each against recompute) comes from the report, not by hand.
 """
 from __future__ import annotations
 
+from kvedge.bench.bootstrap import paired_bootstrap
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, REAL_TASKS
+from kvedge.edge import DEFAULT_STRATEGY
 
 CEILING = {"reuse": "recompute", "evict": "full KV"}
+AGAINST_DEFAULT = ("f1", "contain")  # the reuse tables' paired columns against the default
 
 
-def head(ceiling: str) -> list[str]:
+def head(ceiling: str, default: str | None = None) -> list[str]:
+    against = [f"{'F1' if k == 'f1' else k} − {default} [95 % CI]"
+               for k in AGAINST_DEFAULT] if default else []
     return ["setting", "correct", "EM", "F1", "contain", f"F1 / {ceiling} [95 % CI]",
-            f"contain / {ceiling} [95 % CI]", f"F1 − {ceiling} [95 % CI]", "TTFT s (median)",
-            f"TTFT / {ceiling}", "q"]
+            f"contain / {ceiling} [95 % CI]", f"F1 − {ceiling} [95 % CI]", *against,
+            "TTFT s (median)", f"TTFT / {ceiling}", "q"]
 
 
 def _fmt(x, spec=".3f") -> str:
@@ -37,15 +46,42 @@ def _label(r: dict) -> str:
     return name + (f" @{r['budget']:g}" if r["budget"] != 1 else "")
 
 
-def qa_row(r: dict) -> list:
+def qa_row(r: dict, against: list | None = None) -> list:
+    """The table's cells for `r`; `against`: its columns against the default strategy
+    (`against_default`), where the table has them."""
     paired = r.get("intervals") or {}
     f1, contain = paired.get("f1") or {}, paired.get("contain") or {}
     correct = round(r["contain"] * r["questions"]) if r.get("contain") is not None else None
     return [_label(r), _fmt(correct, "d"), _fmt(r.get("em")), _fmt(r.get("f1")),
             _fmt(r.get("contain")), with_interval(f1.get("ratio")),
             with_interval(contain.get("ratio")), with_interval(f1.get("diff"), "+.3f"),
-            _fmt(r.get("first_token_s_median")), _fmt(r.get("first_token_s_median_ratio")),
-            r["questions"]]
+            *(against or []), _fmt(r.get("first_token_s_median")),
+            _fmt(r.get("first_token_s_median_ratio")), r["questions"]]
+
+
+def default_cells(group: list[dict]) -> dict:
+    """Codec → the group's cell of the edge's default strategy as it ships (no options) in
+    that codec, with per-question scores: each strategy is set against the default over
+    the same packs."""
+    return {r.get("codec"): r for r in group if r["method"] == DEFAULT_STRATEGY
+            and not r.get("options") and r.get("per_question")}
+
+
+def against_default(r: dict, default: dict | None) -> list[str]:
+    """`r` − the default strategy's cell, question by question, per AGAINST_DEFAULT metric
+    with its paired bootstrap interval ("—" for the default itself, without a default cell
+    in `r`'s codec, or where a side lacks a question's score)."""
+    if default is None or r is default:
+        return ["—"] * len(AGAINST_DEFAULT)
+    mine, ref = r.get("per_question") or [], default["per_question"]
+    out = []
+    for key in AGAINST_DEFAULT:
+        a, b = [q.get(key) for q in mine], [q.get(key) for q in ref]
+        if not a or len(a) != len(b) or None in a or None in b:
+            out.append("—")
+        else:
+            out.append(with_interval(paired_bootstrap(a, b).diff.as_list(), "+.3f"))
+    return out
 
 
 def _group_key(r: dict) -> tuple:
@@ -76,11 +112,14 @@ def qa_tables(rows: list[dict]) -> list[str]:
                      "paragraphs per question")
         at = {HOTPOT_FIXED: f"{length} paragraphs",
               HOTPOT_KB: f"top-{length} of the KB"}.get(task, f"{length} tokens")
+        defaults = default_cells(group) if suite == "reuse" else {}
+        columns = head(CEILING[suite], DEFAULT_STRATEGY if defaults else None)
         out += [f"### {task} @ {at}, {items} items (seed {seed}){note}", "",
-                "| " + " | ".join(head(CEILING[suite])) + " |", "|" + "---|" * 11]
+                "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for r in sorted(group, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
                                               _label(r))):
-            out.append("| " + " | ".join(map(str, qa_row(r))) + " |")
+            against = against_default(r, defaults.get(r.get("codec"))) if defaults else None
+            out.append("| " + " | ".join(map(str, qa_row(r, against))) + " |")
         out.append("")
     return (["## Real QA (HotpotQA's official EM / F1 / containment vs the ceiling)", "", *out]
             if out else [])

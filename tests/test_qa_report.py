@@ -1,0 +1,58 @@
+"""The report's real-QA tables: each reuse strategy against recompute and, paired question by
+question, against the edge's default strategy on the same questions."""
+from kvedge.bench.qa_report import qa_tables
+from kvedge.edge import DEFAULT_STRATEGY
+
+
+def cell(method, f1s, contains, *, suite="reuse", codec="int8+zstd", options=None):
+    n = len(f1s)
+    return {"suite": suite, "task": "hotpot-fixed", "length": 10, "items": n, "seed": 0,
+            "method": method, "budget": 1, "codec": codec, "options": options or "",
+            "questions": n, "em": 0.0, "f1": sum(f1s) / n, "contain": sum(contains) / n,
+            "per_question": [{"f1": f, "contain": c} for f, c in zip(f1s, contains)]}
+
+
+def table(rows):
+    """{setting: {column: cell}} of the one table qa_tables writes for `rows`."""
+    lines = [l for l in qa_tables(rows) if l.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    body = [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
+    return {r[0]: dict(zip(head, r)) for r in body}
+
+
+F1_COL = f"F1 − {DEFAULT_STRATEGY} [95 % CI]"
+CONTAIN_COL = f"contain − {DEFAULT_STRATEGY} [95 % CI]"
+
+
+def test_each_strategy_is_set_against_the_default_on_the_same_questions():
+    rows = [cell("recompute", [1, 1, 0, 1], [1, 1, 0, 1]),
+            cell(DEFAULT_STRATEGY, [1, 0.5, 0, 1], [1, 0, 0, 1]),
+            cell("epic", [0, 0.5, 0, 1], [0, 0, 0, 1])]
+    t = table(rows)
+    assert t[DEFAULT_STRATEGY][F1_COL] == "—"
+    # epic − the default: (0 − 1 + 0 + 0 + 0) / 4, its interval from paired resamples
+    assert t["epic"][F1_COL].startswith("-0.250 [")
+    assert t["epic"][CONTAIN_COL].startswith("-0.250 [")
+    low, high = map(float, t["epic"][F1_COL].split("[")[1].rstrip("]").split(","))
+    assert low <= -0.25 <= high
+    assert t["recompute"][F1_COL].startswith("+0.125 [")
+
+
+def test_a_cell_of_another_codec_is_not_paired_with_the_default():
+    rows = [cell(DEFAULT_STRATEGY, [1, 0], [1, 0]),
+            cell("epic", [0, 0], [0, 0], codec="fp16")]
+    assert table(rows)["epic"][F1_COL] == "—"
+
+
+def test_without_a_default_cell_or_on_eviction_the_columns_are_left_out():
+    plain = [cell("recompute", [1, 0], [1, 0]), cell("epic", [0, 0], [0, 0])]
+    assert F1_COL not in table(plain)["epic"]
+    evict = [cell("full", [1, 0], [1, 0], suite="evict"),
+             cell(DEFAULT_STRATEGY, [1, 0], [1, 0], suite="evict")]
+    assert F1_COL not in table(evict)["full"]
+
+
+def test_a_default_with_options_is_not_the_default_as_it_ships():
+    rows = [cell(DEFAULT_STRATEGY, [1, 0], [1, 0], options="edge=10"),
+            cell("epic", [0, 0], [0, 0])]
+    assert F1_COL not in table(rows)["epic"]
