@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-STRATEGIES = ("recompute", "legolink", "epic", "sparsex", "cacheblend", "a3")
+STRATEGIES = ("recompute", "legolink", "epic", "sparsex", "cacheblend", "a3", "samkv", "pie",
+              "full-reuse")
 
 
 def export_model_files(out: Path) -> Path:

@@ -262,8 +262,10 @@ class SamKV(ReuseStrategy):
         pooled = composed.query_positions() if self.query == "question" \
             else composed.question_positions()
         pick = torch.isin(fresh, pooled)
+        # scored against the packs' keys and query caches, which stay on the CPU: the
+        # model's queries come off its device here (a no-op on a CPU runtime)
         return torch.stack([self.rotated(rt, q[:, pick].float(), fresh[pick], seq_len).mean(1)
-                            for q in capture.queries])
+                            for q in capture.queries]).cpu()
 
     def rotated(self, rt, x: torch.Tensor, positions: torch.Tensor, seq_len: int):
         """x (..., T, D) pre-RoPE as attention reads it at `positions` (`rope`), else as is."""
