@@ -12,13 +12,15 @@ alone is running, it is stepped in fixed buffers (`kvedge.common.model.static_de
 for it at its first lone step and replayed as a CUDA graph — one token a step, no drafts. On
 an H200 (Qwen2.5-0.5B's shape, bf16) that took 3.48 ms a token at 1.3K tokens of context and
 6.04 at 8K, against `decode_step`'s 16.6 and 16.3 (one row, unpadded). A second answer
-joining hands the run back to the answer's own cache (`StaticDecode.hand_back`) and the
-batched step continues both; a lone answer that leaves drops its run. It is not bit for bit
-the batched step (float rounding: the static module's "Exactness"), so it is on only on CUDA,
-where the batched step's batch invariance is not established either; off on the CPU, where
-it gains nothing over the unpadded step, takes no drafts and would break the CPU step's
-invariance (the module's "Off on the CPU"). A failed static step fails its answer as a broken
-batched step does.
+joining hands the run back to the answer's own cache (`StaticDecode.hand_back`) before it
+starts, so the copy never meets a new start's KV, and the batched step continues both; a lone
+answer that leaves drops its run. The copy doubles the answer's KV while it lives, so under a
+`kv_budget` an answer runs that way only where twice its `kv_bytes` fits (else its steps are
+the batched ones). It is not bit for bit the batched step (float rounding: the static
+module's "Exactness"), so it is on only on CUDA, where the batched step's batch invariance
+is not established either; off on the CPU, where it gains nothing over the unpadded step,
+takes no drafts and would break the CPU step's invariance (the module's "Off on the CPU").
+A failed static step fails its answer as a broken batched step does.
 
 Starting a request — its strategy's plan and the forward over the prompt, up to its first
 token — runs alone: those forwards already have hundreds of rows (compute-bound on a CPU, so
@@ -247,6 +249,8 @@ class Scheduler:
             for _ in range(self.max_starts):
                 if (job := self._next_start()) is None:
                     break
+                if self._lone is not None:  # its static copy goes before the start's KV comes
+                    self._end_lone()
                 self._start(job)
             if self._lone is not None and self._running != [self._lone[0]]:
                 self._end_lone()
@@ -322,7 +326,7 @@ class Scheduler:
 
         jobs = list(self._running)
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
-        if self.graph_decode and len(jobs) == 1:
+        if self.graph_decode and len(jobs) == 1 and self._static_fits(jobs[0]):
             self._lone_step(jobs[0])
             return
         try:
@@ -334,6 +338,13 @@ class Scheduler:
             self._end(jobs, err)
             return
         self._end([job for job in jobs if self._emit(job)])
+
+    def _static_fits(self, job: Job) -> bool:
+        """Whether a lone answer's static copy fits the KV budget beside its own cache: the
+        copy holds what the cache holds at most (`kv_bytes`: the prompt and the decode
+        budget), so the two take twice that while the run lives. A new start never meets
+        the copy (it is handed back first), so `kv_reserved` need not count it."""
+        return self.kv_budget is None or 2 * job.kv_bytes <= self.kv_budget
 
     def _lone_step(self, job: Job) -> None:
         """One step of the only running answer in its `StaticDecode` (made at its first lone

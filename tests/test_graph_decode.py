@@ -141,3 +141,47 @@ def test_graph_decode_is_on_by_default_on_cuda_alone():
     on_cuda = SimpleNamespace(device=torch.device("cuda"))
     assert Scheduler(on_cuda).graph_decode is True
     assert Scheduler(on_cuda, graph_decode=False).graph_decode is False
+
+
+def test_the_lone_run_is_handed_back_before_a_second_answer_starts():
+    """The static copy and a new start's KV never coexist: the second answer's start finds
+    no lone run (the first's tokens already in its own cache)."""
+    rt = tiny_runtime("tiny-llama")
+    scheduler = Scheduler(rt, graph_decode=True)
+    seen = {}
+
+    class Second(Answer):
+        def start(self, rt):
+            seen["lone"] = scheduler._lone
+            seen["first_held"] = first.decoding.cache.extent.end
+            return super().start(rt)
+
+    second = Second(("dense", 9), 1)
+
+    def joined(job):
+        if len(job.tokens) == 4:
+            scheduler.submit(second)
+
+    try:
+        first = scheduler.submit(Answer(("dense", 9), 0, then=joined))
+        list(first.events())
+        list(second.events())
+    finally:
+        scheduler.close()
+    assert seen["lone"] is None and scheduler.graph_steps > 0
+    assert seen["first_held"] == 12 + 3  # the prompt and the 3 tokens stepped alone
+
+
+def test_under_a_kv_budget_a_lone_answer_runs_static_only_where_its_copy_fits():
+    rt = tiny_runtime("tiny-llama")
+    plain = answered(rt, ("dense", 9), 0, graph_decode=False)[0]
+    for budget, graphed in ((2_000, True), (1_999, False)):
+        scheduler = Scheduler(rt, graph_decode=True, kv_budget=budget)
+        try:
+            job = Answer(("dense", 9), 0)
+            job.kv_bytes = 1_000
+            list(scheduler.submit(job).events())
+        finally:
+            scheduler.close()
+        assert job.tokens == plain.tokens
+        assert (scheduler.graph_steps > 0) is graphed, budget
