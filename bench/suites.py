@@ -43,6 +43,7 @@ from kvedge.bench.bootstrap import paired_bootstrap
 from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.hotpot_kb import KBs
+from kvedge.bench.pack_store import PackStore, pack_key
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, RULER_NIAH, SQUAD_EVICT
 from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
 from kvedge.bench.scoring import score_question
@@ -90,6 +91,9 @@ class Bench:
     #                                     (kvedge.bench.ceilings; None: this process only)
     partial: Path | None = None         # one keeping an unfinished cell's rows item by item,
     #                                     so a cell cut off resumes (None: not kept)
+    packs_dir: Path | None = None       # documents' packs kept across runs by model, text,
+    #                                     codec and anchoring (kvedge.bench.pack_store;
+    #                                     None: this process only, in a temporary folder)
     services: Path | None = None        # hotpot-kb's gateway data and edge state, kept so a
     #                                     later run finds its KB ingested (None: temporary)
     kb_base_codec: str = ""             # hotpot-kb: upload once in this codec, each cell's
@@ -123,6 +127,7 @@ class Bench:
         self._prefill_s: dict[str, float] = {}
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
+        self._pack_store = PackStore(self.packs_dir) if self.packs_dir else None
         self.kbs = KBs(self.services or Path(self._folder.name) / "services", self.model,
                        self.prefill.loaded, self.segment_tokens, self.anchored,
                        self.kb_base_codec, self.ingest_actors,
@@ -143,18 +148,33 @@ class Bench:
         """[(pack file, bytes)] for one document, prefilled (alone, or behind the chat prefix:
         `anchored`, default the bench's) and encoded once per codec and kept on disk, as the
         edge's pack cache keeps them (decoded on use: a hundred prompts' decoded packs would
-        hold gigabytes)."""
+        hold gigabytes). With `packs_dir` they are kept there across runs
+        (`kvedge.bench.pack_store`) and read back, checked, instead of prefilled again."""
         anchored = self.anchored if anchored is None else anchored
         key = (text, whole, codec, anchored)
         if key not in self._packs:
-            out = []
-            for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole):
-                enc = self.prefill.encode(seg, namespace, codec, anchored)
-                path = Path(self._folder.name) / f"{enc.pack_id}.kvp"
-                path.write_bytes(enc.data)
-                out.append((path, len(enc.data)))
-            self._packs[key] = out
+            stored = pack_key(model=self.prefill.loaded.fingerprint, text=text, whole=whole,
+                              segment_tokens=self.segment_tokens, codec=codec,
+                              anchored=anchored, namespace=namespace)
+            kept = self._pack_store.get(stored, self.load) if self._pack_store else None
+            self._packs[key] = kept if kept is not None else self._encoded(
+                text, whole, codec, namespace, anchored, stored)
         return self._packs[key]
+
+    def _encoded(self, text: str, whole: bool, codec: str, namespace: str, anchored: bool,
+                 stored: str) -> list[tuple[Path, int]]:
+        """`pack_files`' packs made: prefilled, encoded and written (into the store, if any)."""
+        packs = [(f"{enc.pack_id}.kvp", enc.data) for enc in (
+            self.prefill.encode(seg, namespace, codec, anchored)
+            for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole))]
+        if self._pack_store is not None:
+            return self._pack_store.put(stored, packs)
+        out = []
+        for name, data in packs:
+            path = Path(self._folder.name) / name
+            path.write_bytes(data)
+            out.append((path, len(data)))
+        return out
 
     def load(self, path: Path | bytes):
         """A pack (file or bytes) as the edge reads it (checksums verified)."""
