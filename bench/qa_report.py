@@ -17,12 +17,13 @@ from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, REAL_TASKS
 from kvedge.edge import DEFAULT_STRATEGY
 
 CEILING = {"reuse": "recompute", "evict": "full KV"}
-AGAINST_DEFAULT = ("f1", "contain")  # the reuse tables' paired columns against the default
+# the reuse tables' paired columns against the default: metric → its name in the header
+AGAINST_DEFAULT = {"f1": "F1", "contain": "contain"}
 
 
 def head(ceiling: str, default: str | None = None) -> list[str]:
-    against = [f"{'F1' if k == 'f1' else k} − {default} [95 % CI]"
-               for k in AGAINST_DEFAULT] if default else []
+    against = [f"{name} − {default} [95 % CI]"
+               for name in AGAINST_DEFAULT.values()] if default else []
     return ["setting", "correct", "EM", "F1", "contain", f"F1 / {ceiling} [95 % CI]",
             f"contain / {ceiling} [95 % CI]", f"F1 − {ceiling} [95 % CI]", *against,
             "TTFT s (median)", f"TTFT / {ceiling}", "q"]

@@ -127,7 +127,7 @@ class Bench:
         self._prefill_s: dict[str, float] = {}
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
-        self._pack_store = PackStore(self.packs_dir) if self.packs_dir else None
+        self._pack_store = PackStore(self.packs_dir or Path(self._folder.name) / "packs")
         self.kbs = KBs(self.services or Path(self._folder.name) / "services", self.model,
                        self.prefill.loaded, self.segment_tokens, self.anchored,
                        self.kb_base_codec, self.ingest_actors,
@@ -148,33 +148,26 @@ class Bench:
         """[(pack file, bytes)] for one document, prefilled (alone, or behind the chat prefix:
         `anchored`, default the bench's) and encoded once per codec and kept on disk, as the
         edge's pack cache keeps them (decoded on use: a hundred prompts' decoded packs would
-        hold gigabytes). With `packs_dir` they are kept there across runs
-        (`kvedge.bench.pack_store`) and read back, checked, instead of prefilled again."""
+        hold gigabytes), in a `kvedge.bench.pack_store`: with `packs_dir` there, kept across
+        runs and read back, checked, instead of prefilled again; else in this process's
+        temporary folder."""
         anchored = self.anchored if anchored is None else anchored
         key = (text, whole, codec, anchored)
         if key not in self._packs:
             stored = pack_key(model=self.prefill.loaded.fingerprint, text=text, whole=whole,
                               segment_tokens=self.segment_tokens, codec=codec,
                               anchored=anchored, namespace=namespace)
-            kept = self._pack_store.get(stored, self.load) if self._pack_store else None
-            self._packs[key] = kept if kept is not None else self._encoded(
-                text, whole, codec, namespace, anchored, stored)
+            kept = self._pack_store.get(stored, self.load)
+            self._packs[key] = kept if kept is not None else self._pack_store.put(
+                stored, self._encoded(text, whole, codec, namespace, anchored))
         return self._packs[key]
 
-    def _encoded(self, text: str, whole: bool, codec: str, namespace: str, anchored: bool,
-                 stored: str) -> list[tuple[Path, int]]:
-        """`pack_files`' packs made: prefilled, encoded and written (into the store, if any)."""
-        packs = [(f"{enc.pack_id}.kvp", enc.data) for enc in (
+    def _encoded(self, text: str, whole: bool, codec: str, namespace: str,
+                 anchored: bool) -> list[tuple[str, bytes]]:
+        """[(file name, pack bytes)]: the document's segments prefilled and encoded."""
+        return [(f"{enc.pack_id}.kvp", enc.data) for enc in (
             self.prefill.encode(seg, namespace, codec, anchored)
             for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole))]
-        if self._pack_store is not None:
-            return self._pack_store.put(stored, packs)
-        out = []
-        for name, data in packs:
-            path = Path(self._folder.name) / name
-            path.write_bytes(data)
-            out.append((path, len(data)))
-        return out
 
     def load(self, path: Path | bytes):
         """A pack (file or bytes) as the edge reads it (checksums verified)."""
