@@ -144,3 +144,14 @@ def in_process_gateway(data: Path, model: str, segment_tokens: int, **serve_kw):
 
     return serve_local(GatewayConfig(data, model=model, segment_tokens=segment_tokens),
                        **serve_kw)
+
+
+def ingest_ended(gateway, namespace: str, kb: str, timeout: float = 60.0) -> None:
+    """Wait for an in-process gateway's ingest thread of namespace/kb to end. A KB turns ready
+    when its listing is published; the packs that listing orphans are deleted just after, so
+    a test that looks at the store after `wait_ready` waits for this first."""
+    deadline = time.monotonic() + timeout
+    while (namespace, kb) in gateway.ingesting():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ingest of {namespace}/{kb} did not end in {timeout:g} s")
+        time.sleep(0.05)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from daemons import in_process_gateway, write_kb
+from daemons import in_process_gateway, ingest_ended, write_kb
 from kvedge.common.errors import NotFound
 from kvedge.common.net.cloud_client import CloudClient
 from kvedge.common.errors import BadInput
@@ -94,6 +94,7 @@ def test_reupload_skips_unchanged_files_and_replaces_changed_packs(client, cloud
     reply = client.upload(folder, "default", "versioned")
     assert reply.files_received == 1
     second = client.wait_ready("default", "versioned")
+    ingest_ended(cloud["gateway"], "default", "versioned")  # orphans go just after ready
     old, new = {s.pack_id for s in first.segments}, {s.pack_id for s in second.segments}
     assert old != new
     store = cloud["gateway"].store

@@ -3,7 +3,7 @@ edit prefills only the segments that changed, and an ingest cut off resumes wher
 on a real gateway (tiny model, its real Ray pool) over real files."""
 import pytest
 
-from daemons import in_process_gateway, write_kb
+from daemons import in_process_gateway, ingest_ended, write_kb
 from kvedge.common.net.cloud_client import CloudClient
 
 MODEL = "tiny-llama"
@@ -39,6 +39,7 @@ def test_a_reupload_prefills_only_the_segments_that_changed(cloud, tmp_path):
     edited = {**DOCS, "d2.md": " ".join(f"Line {j} of document two: mountain {j}."
                                         for j in range(12))}
     second = ingest(client, write_kb(tmp_path / "v2", edited), "default", "edited")
+    ingest_ended(gateway, "default", "edited")  # the old d2's packs are deleted after ready
     old = {s.source: s.pack_id for s in first.segments if s.source != "d2.md"}
     kept = [s for s in second.segments if s.source != "d2.md"]
     fresh = [s for s in second.segments if s.source == "d2.md"]
