@@ -1,0 +1,31 @@
+"""The ceiling stores kept in bench/reference/ (a run copies one into its OUT and reads those
+answers instead of recomputing them) are well formed and read nothing held out."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kvedge.bench.ceilings import CeilingStore
+from kvedge.bench.real.heldout import HOTPOT_HELDOUT_FROM
+
+REFERENCE = Path(__file__).resolve().parents[1] / "bench" / "reference"
+STORES = sorted(REFERENCE.glob("*/ceilings.jsonl"))
+
+
+def test_there_are_reference_stores():
+    assert STORES, f"no */ceilings.jsonl under {REFERENCE}"
+
+
+@pytest.mark.parametrize("path", STORES, ids=lambda p: p.parent.name)
+def test_a_reference_store_is_readable_and_from_the_tuning_split(path):
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    keys = [entry["key"] for entry in lines]
+    assert len(set(keys)) == len(keys), "a key stored twice"
+    assert all(len(k) == 64 and int(k, 16) >= 0 for k in keys)
+    for entry in lines:
+        dataset, index = entry["item"].split("/")[:2]
+        assert dataset == "hotpotqa", f"{entry['item']}: teach this test {dataset}'s split"
+        assert int(index) < HOTPOT_HELDOUT_FROM, f"{entry['item']} is held out"
+        assert entry["rows"] and all("answer" in row and "f1" in row for row in entry["rows"])
+    store = CeilingStore(path)
+    assert all(store.get(k) is not None for k in keys)  # what a run reads back
