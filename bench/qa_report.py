@@ -60,12 +60,32 @@ def qa_row(r: dict, against: list | None = None) -> list:
             _fmt(r.get("first_token_s_median_ratio")), r["questions"]]
 
 
+def ships_as_default(r: dict) -> bool:
+    """Whether `r` is the edge's default strategy as it ships: its options (none, or a
+    sweep's `tokens=20` where 20 is legolink's default) and, for a strategy with a ratio,
+    its budget set it as its defaults do."""
+    if r["method"] != DEFAULT_STRATEGY:
+        return False
+    from kvedge.common.errors import KvedgeError
+    from kvedge.common.registry import options_of
+    from kvedge.edge.strategies import STRATEGIES
+
+    given = dict(kv.split("=", 1) for kv in (r.get("options") or "").split(",") if kv)
+    if any(f.name == "ratio" for f in options_of(STRATEGIES[DEFAULT_STRATEGY])):
+        given.setdefault("ratio", r["budget"])
+    try:
+        return STRATEGIES.create(DEFAULT_STRATEGY, given) == STRATEGIES.create(DEFAULT_STRATEGY)
+    except KvedgeError:  # an option the strategy no longer has: not today's default
+        return False
+
+
 def default_cells(group: list[dict]) -> dict:
-    """Codec → the group's cell of the edge's default strategy as it ships (no options) in
-    that codec, with per-question scores: each strategy is set against the default over
-    the same packs."""
-    return {r.get("codec"): r for r in group if r["method"] == DEFAULT_STRATEGY
-            and not r.get("options") and r.get("per_question")}
+    """Codec → the group's cell of the edge's default strategy as it ships (`ships_as_default`)
+    in that codec, with per-question scores (a cell without options first): each strategy is
+    set against the default over the same packs."""
+    cells = sorted((r for r in group if r.get("per_question") and ships_as_default(r)),
+                   key=lambda r: not r.get("options"))  # no options last: it wins
+    return {r.get("codec"): r for r in cells}
 
 
 def against_default(r: dict, default: dict | None) -> list[str]:

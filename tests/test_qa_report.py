@@ -56,3 +56,26 @@ def test_a_default_with_options_is_not_the_default_as_it_ships():
     rows = [cell(DEFAULT_STRATEGY, [1, 0], [1, 0], options="edge=10"),
             cell("epic", [0, 0], [0, 0])]
     assert F1_COL not in table(rows)["epic"]
+
+
+def a_default_option() -> tuple[str, object]:
+    """(name, shipped value) of one option of the default strategy other than a ratio."""
+    from kvedge.common.registry import options_of
+    from kvedge.edge.strategies import STRATEGIES
+
+    f = next(f for f in options_of(STRATEGIES[DEFAULT_STRATEGY]) if f.name != "ratio")
+    return f.name, f.default
+
+
+def test_a_sweep_cell_set_as_the_default_ships_is_the_default():
+    name, value = a_default_option()
+    shipped = f"{DEFAULT_STRATEGY}[{name}={value}]"
+    other = f"{DEFAULT_STRATEGY}[{name}={value + 1}]"
+    rows = [cell(DEFAULT_STRATEGY, [1, 1, 0, 1], [1, 1, 0, 1], options=f"{name}={value}"),
+            cell(DEFAULT_STRATEGY, [0, 1, 0, 1], [0, 1, 0, 1], options=f"{name}={value + 1}")]
+    t = table(rows)
+    assert t[shipped][F1_COL] == "—"  # it is the default
+    assert t[other][F1_COL].startswith("-0.250 [")  # set against it
+    # beside a cell without options, that one is the default
+    t = table([cell(DEFAULT_STRATEGY, [0, 0, 0, 0], [0, 0, 0, 0]), *rows])
+    assert t[DEFAULT_STRATEGY][F1_COL] == "—" and t[shipped][F1_COL].startswith("+0.750 [")
