@@ -3,6 +3,13 @@ Large Language Model Serving", Sec. 3.1: "we recompute the first and last 20 tok
 chunk"): after position recovery, recompute the first and last `tokens` tokens of every segment
 at full depth — StreamingLLM's sink-and-recent rule applied per chunk. EPIC's own rule (first
 k ≤ 32 tokens only) is `epic`; both are `base.boundary_plan`.
+
+`tokens` = 20 is A3's value (Sec. 4, "Details"), set there for 512-token chunks (8 % of a
+chunk). Over shorter segments it recomputes more of the prompt (~30 % of 10 HotpotQA
+paragraphs of ~140 tokens), which is what caps legolink's first-token speed-up. Halving it
+was measured and rejected: on 300 HotpotQA questions (Qwen2.5-0.5B, 10 paragraphs, each
+prefilled alone) tokens = 10 lost 0.032 F1 against 20, interval [−0.057, −0.008]
+(docs/results.md, hotpot-fixed).
 """
 from __future__ import annotations
 
