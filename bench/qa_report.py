@@ -61,20 +61,19 @@ def qa_row(r: dict, against: list | None = None) -> list:
 
 
 def ships_as_default(r: dict) -> bool:
-    """Whether `r` is the edge's default strategy as it ships: its options (none, or a
-    sweep's `tokens=20` where 20 is legolink's default) and, for a strategy with a ratio,
-    its budget set it as its defaults do."""
+    """Whether `r` is the edge's default strategy as it ships: its setting (its options —
+    none, or a sweep's `tokens=20` where 20 is legolink's default — and its ratio, where the
+    strategy has one) equals the default's."""
     if r["method"] != DEFAULT_STRATEGY:
         return False
+    from kvedge.bench.runner import Cell, reuse_strategy
     from kvedge.common.errors import KvedgeError
-    from kvedge.common.registry import options_of
-    from kvedge.edge.strategies import STRATEGIES
+    from kvedge.edge.strategies import get_strategy
 
-    given = dict(kv.split("=", 1) for kv in (r.get("options") or "").split(",") if kv)
-    if any(f.name == "ratio" for f in options_of(STRATEGIES[DEFAULT_STRATEGY])):
-        given.setdefault("ratio", r["budget"])
+    cell = Cell(r["suite"], r["task"], r["length"], r["method"], r["budget"], r["items"],
+                options=r.get("options") or "")
     try:
-        return STRATEGIES.create(DEFAULT_STRATEGY, given) == STRATEGIES.create(DEFAULT_STRATEGY)
+        return reuse_strategy(cell) == get_strategy(DEFAULT_STRATEGY)
     except KvedgeError:  # an option the strategy no longer has: not today's default
         return False
 

@@ -124,6 +124,19 @@ def strategies_with_ratio() -> set[str]:
             if any(f.name == "ratio" for f in options_of(cls))}
 
 
+def strategy_options(cell: Cell) -> dict:
+    """The cell's strategy options: its ratio (where the strategy has one) and the others."""
+    ratio = {"ratio": cell.budget} if cell.method in strategies_with_ratio() else {}
+    return {**ratio, **cell.option_values()}
+
+
+def reuse_strategy(cell: Cell):
+    """The cell's strategy setting."""
+    from kvedge.edge.strategies import get_strategy
+
+    return get_strategy(cell.method, strategy_options(cell))
+
+
 def settings(strategy: str, ratios: list[float],
              sweep: dict[str, list]) -> list[tuple[float, str]]:
     """(ratio, other options) of each setting of `strategy` a grid runs: `ratios` — or the

@@ -45,7 +45,8 @@ from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.hotpot_kb import KBs
 from kvedge.bench.pack_store import PackStore, pack_key
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, RULER_NIAH, SQUAD_EVICT
-from kvedge.bench.runner import KVPRESS, REFERENCE_CODEC, Cell, strategies_with_ratio
+from kvedge.bench.runner import (KVPRESS, REFERENCE_CODEC, Cell, reuse_strategy,
+                                 strategy_options)
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
 from kvedge.bench.ttft import ttft_phases
@@ -601,19 +602,6 @@ def cell_items(cell: Cell, tokenizer=None, doc_tokens: int | None = None) -> lis
         return ruler_niah_items(cell.suite, cell.length, cell.items, cell.seed, tokenizer)
     return load_items(cell.task, cell.suite, cell.length, cell.items, cell.seed, tokenizer,
                       doc_tokens, cell.per_prompt)
-
-
-def strategy_options(cell: Cell) -> dict:
-    """The cell's strategy options: its ratio (where the strategy has one) and the others."""
-    ratio = {"ratio": cell.budget} if cell.method in strategies_with_ratio() else {}
-    return {**ratio, **cell.option_values()}
-
-
-def reuse_strategy(cell: Cell):
-    """The cell's strategy setting."""
-    from kvedge.edge.strategies import get_strategy
-
-    return get_strategy(cell.method, strategy_options(cell))
 
 
 def scored(stats: dict, question: Question, budget: int) -> dict:
