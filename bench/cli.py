@@ -303,6 +303,11 @@ def bench():
               "one context's questions; reuse cells: successive items'). Their TTFTs then "
               "include each other's prefills: rows record it, and a cell's time ratios "
               "against a ceiling asked otherwise are left out")
+@click.option("--max-stall", type=click.FloatRange(0), default=None, metavar="SECONDS",
+              help="the edge scheduler's stall-free starts (`kvedge serve --max-stall`): "
+              "answers decoding take a step between a start's layers once they have waited "
+              "this long; rows record it, cells' keys do not: give such a run its own --out "
+              "[default: off]")
 @click.option("--kb-base-codec", default="", callback=_check_base_codec,
               help="hotpot-kb: upload the KB once in this codec (fp16, say) and make each "
               "--codec a variant of it by a batch job (method none), as `kvctl job submit` "
@@ -326,8 +331,8 @@ def bench():
               "documents, model and codec reads them instead of prefilling again (300 "
               "hotpot-fixed items: ~3 GB for Qwen2.5-0.5B in int8+zstd)")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
-            concurrent, kb_base_codec, ingest_actors, kb_items, services_dir, side_tensors,
-            keep_packs, **overrides):
+            concurrent, max_stall, kb_base_codec, ingest_actors, kb_items, services_dir,
+            side_tensors, keep_packs, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
     a later run into the same OUT pays only for the methods it adds; an unfinished cell's
@@ -346,7 +351,7 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
     results = out / "results.jsonl"
     runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
                    anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   concurrent=concurrent, kb_base_codec=kb_base_codec,
+                   concurrent=concurrent, max_stall=max_stall, kb_base_codec=kb_base_codec,
                    ingest_actors=ingest_actors, side_tensors=side_tensors,
                    ceilings=out / "ceilings.jsonl",
                    partial=out / "partial.jsonl", services=services_dir or out / "services",

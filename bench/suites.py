@@ -67,7 +67,8 @@ TIMES = ("first_token_s", "tpot_s", "answer_s")  # no ratio between rows asked c
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
 PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
-                "documents", "tokens", "new_tokens", "gold_retrieved", "answer", *QA_METRICS)
+                "documents", "tokens", "new_tokens", "gold_retrieved", "answer", "answer_s",
+                "gap_s", *QA_METRICS)
 PAIRED = ("score", *QA_METRICS)  # per-question metrics given bootstrap intervals against the
 #                                  ceiling (kvedge.bench.bootstrap)
 
@@ -110,6 +111,8 @@ class Bench:
     #                                     them together (answers are batch-invariant, so
     #                                     equal; each TTFT then includes its neighbours'
     #                                     prefills, and rows say so)
+    max_stall: float | None = None      # the scheduler's stall-free starts (seconds; None:
+    #                                     off): rows record it, cells' keys do not
 
     def __post_init__(self):
         from kvedge.cloud.workers import PrefillEngine
@@ -119,7 +122,7 @@ class Bench:
         if self.doc_tokens:  # a fact document is ±25 % of doc_tokens: one segment each
             self.segment_tokens = max(self.segment_tokens, 2 * self.doc_tokens)
         self.prefill = PrefillEngine(self.model)
-        self.engine = EdgeEngine(self.prefill.loaded)
+        self.engine = EdgeEngine(self.prefill.loaded, max_stall=self.max_stall)
         self.timed = get_strategy(self.breakdown) if self.breakdown else None
         self._folder = tempfile.TemporaryDirectory(prefix="kvedge-bench-packs-")
         self._packs: dict[tuple[str, bool, str, bool], list[tuple[Path, int]]] = {}
@@ -344,8 +347,10 @@ class Bench:
         return self._in_flight() if cell.suite == "evict" or cell.task == HOTPOT_KB else {}
 
     def _in_flight(self) -> dict:
-        """What a row asked concurrently records (nothing when one at a time)."""
-        return {"concurrent": self.concurrent} if self.concurrent > 1 else {}
+        """What a row asked concurrently records (nothing when one at a time), and the
+        scheduler's max_stall where it is on."""
+        return {**({"concurrent": self.concurrent} if self.concurrent > 1 else {}),
+                **({"max_stall": self.max_stall} if self.max_stall is not None else {})}
 
     def _submit(self, segments: list, strategy, question: Question) -> tuple:
         """The question over `segments`, queued in the engine's scheduler: (job, question,
@@ -695,6 +700,8 @@ def summarize(outcomes: list[dict], ceilings: list[dict]) -> dict:
             out[f"{key}_ratio"] = None
             if key in MEDIANS:
                 out[f"{key}_median_ratio"] = None
+    if stalls := {o["max_stall"] for o in outcomes if o.get("max_stall") is not None}:
+        out["max_stall"] = max(stalls)  # the cell's answers were stepped inside starts
     pairs = [(o["score"], c["score"]) for o, c in zip(outcomes, ceilings)
              if o.get("score") is not None and c.get("score") is not None]
     out["gained"] = sum(a > b for a, b in pairs)

@@ -129,6 +129,10 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "waits to start while it does not fit beside them, and one that could not fit "
               "alone is refused RESOURCE_EXHAUSTED (0 = half the memory free when the edge "
               "starts: the GPU's with a CUDA model)")
+@click.option("--max-stall", type=click.FloatRange(0), default=None, metavar="SECONDS",
+              help="stall-free starts: while an answer starts, the answers already decoding "
+              "take a step between its layers once they have waited this long (answers "
+              "unchanged; a start takes longer by those steps) [default: off]")
 @click.option("--session-bytes", type=click.IntRange(0), default=DEFAULT_SESSION_BYTES,
               show_default=True, help="KV of conversations' earlier turns kept (LRU), so a "
               "next turn computes only its new tokens (0 = none kept)")
@@ -147,7 +151,7 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_dir,
               model_name, strategy, top_k, max_new_tokens, max_batch, max_queue, batch_invariant, spec_rows,
               decode_weights, prompt_weights, device, sync_interval, cache_bytes, prefetch,
-              fetch_or_compute, kv_budget,
+              fetch_or_compute, kv_budget, max_stall,
               session_bytes,
               http_address, metrics_address,
               tls_mode, tls_cert, tls_key,
@@ -204,7 +208,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                         session_bytes=session_bytes, spec_rows=spec_rows,
                         fetch_or_compute=fetch_or_compute, decode_weights=decode_weights,
                         prompt_weights=prompt_weights, kv_budget=kv_budget or None,
-                        alternates=standins)
+                        alternates=standins, max_stall=max_stall)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
                           engine.rt.decode_format, engine.rt.prompt_format)
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,

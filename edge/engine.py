@@ -129,6 +129,8 @@ class EdgeEngine:
     retrieves and composes; `answer` (the benchmark) takes a prompt the caller composed and
     runs it the same way. `graph_decode` (None: on when the model is on CUDA) steps a lone
     answer in fixed buffers replayed as a CUDA graph (`Scheduler`'s graph decode).
+    `max_stall` (seconds; None: off) steps the answers decoding between the layers of a start
+    once they have waited that long (`Scheduler`'s stall-free starts).
     `fetcher` (an `edge.fetcher.Fetcher`) fetches missing and damaged packs inside an ask;
     without one a missing or damaged pack fails the ask with PackCorrupt. `prefetcher` (an
     `edge.prefetch.Prefetcher`) is offered the segments ranked just below each ask's top_k.
@@ -149,7 +151,7 @@ class EdgeEngine:
                  stream: bool = True, overlap: bool = True, decode_weights: str = "fp32",
                  prompt_weights: str = "fp32", kv_budget: int | None = None,
                  alternates: dict[str, list[Target]] | None = None,
-                 graph_decode: bool | None = None):
+                 graph_decode: bool | None = None, max_stall: float | None = None):
         from kvedge.common.model.runtime import Runtime
 
         self.loaded, self.cache = loaded, cache
@@ -164,7 +166,8 @@ class EdgeEngine:
         self.state_dir = Path(state_dir) if state_dir else None
         self.scheduler = Scheduler(self.rt, max_batch, max_queue, invariant=batch_invariant,
                                    spec_rows=spec_rows, graph_decode=graph_decode,
-                                   kv_budget=kv_budget or default_kv_budget(self.rt.device))
+                                   kv_budget=kv_budget or default_kv_budget(self.rt.device),
+                                   max_stall=max_stall)
         self._kbs: dict[str, _KB] = {}
         self._lock = threading.Lock()  # the KB table: asks retrieve on their own threads
         self.kv_shape = KVShape(self.rt.n_layers, self.rt.n_kv, self.rt.head_dim)

@@ -30,6 +30,27 @@ are. Starts go first, as in vLLM's default schedule: a full batch makes the most
 would cap throughput at one answer per start + step); the price is that the answers already
 running pause while a burst is started (`max_starts` bounds the pause).
 
+Stall-free starts (`max_stall`, seconds; None: off). A start pauses the answers already
+running for as long as its forward takes: on 2 CPU cores with Qwen2.5-0.5B and 30 HotpotQA
+paragraphs, 8 in flight, a legolink answer took a mean of 118 s against 19.5 s alone, each
+new ~15 s start stalling the other seven (docs/results.md). Sarathi-Serve (Agrawal et al.,
+"Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI 2024, Sec. 4)
+makes batches stall-free by splitting a prefill into chunks of tokens, each run in one batch
+with the decodes. Here a start is split at its layers instead: `Runtime.forward` calls
+`Runtime.between_layers` after each layer, and while a start runs with answers decoding the
+scheduler sets it to run one decode step of those answers whenever `max_stall` seconds have
+passed since their last. Decision (2026-11-29), layers rather than Sarathi's token chunks:
+the start's forward runs exactly as before — the same ops over the same tensors — so every
+answer stays the same bits as without the option (and the batched step, being
+batch-invariant, the same bits for the running ones); a token-chunked start would change its
+attention's shapes and so its bits, and the reuse strategies that choose their recompute set
+at a shallow layer from the whole prompt (A3, CacheBlend, SparseX) cannot be cut by tokens.
+What it gives up: Sarathi's chunks share one batch with the decodes (on a GPU the decode rows
+ride on the prefill's compute nearly free); here the steps take their own time, so a start
+grows by the steps run inside it — the starting answer's first token later, the running
+answers' tokens sooner. The steps inside a start are always batched ones (never a lone
+answer's graph decode, which would copy a cache while the start's KV grows).
+
 Requests wait in a bounded queue: beyond `max_waiting` a submit raises Overloaded
 (RESOURCE_EXHAUSTED). `waiting` and `running` are the queue depth and the batch size.
 
@@ -125,14 +146,18 @@ class Scheduler:
     """Owns the runtime: runs `Job`s, up to `max_batch` decoding together, `max_waiting` queued.
     `graph_decode`: step a lone answer in a `StaticDecode` (a CUDA graph on CUDA, eager on the
     CPU); None: on where `rt` is on CUDA. `graph_steps` counts the steps run that way (they
-    count in `steps` and `rows` too)."""
+    count in `steps` and `rows` too). `max_stall`: stall-free starts (the module's), the
+    running answers stepped inside a start once they have waited that many seconds;
+    `inner_steps` counts those steps."""
 
     def __init__(self, rt, max_batch: int = 16, max_waiting: int = 64,
                  max_starts: int | None = None, invariant: bool = True,
                  spec_rows: int | None = None, kv_budget: int | None = None,
-                 graph_decode: bool | None = None):
+                 graph_decode: bool | None = None, max_stall: float | None = None):
         if max_batch < 1 or max_waiting < 0 or (max_starts is not None and max_starts < 1):
             raise ValueError("need max_batch ≥ 1, max_waiting ≥ 0 and max_starts ≥ 1")
+        if max_stall is not None and max_stall < 0:
+            raise ValueError("max_stall must be ≥ 0 seconds (None: off)")
         if kv_budget is not None and kv_budget < 1:
             raise ValueError("kv_budget must be positive (None: no limit)")
         self.rt, self.max_batch, self.max_waiting = rt, max_batch, max_waiting
@@ -156,6 +181,11 @@ class Scheduler:
         self._closed = False
         self.steps = self.rows = 0  # decode steps run, and requests stepped over all of them
         self.graph_steps = 0  # of those steps, a lone answer's static ones (graph decode)
+        # stall-free starts: the running answers are stepped between a start's layers once
+        # they have waited this long (seconds; None: off)
+        self.max_stall = max_stall
+        self.stepped_at = time.monotonic()  # when the last decode step ended
+        self.inner_steps = 0  # of the steps, those run inside a start (max_stall)
 
     @property
     def waiting(self) -> int:
@@ -311,6 +341,8 @@ class Scheduler:
                     job.close(error)
 
     def _start(self, job: Job) -> None:
+        if self.max_stall is not None:
+            self.rt.between_layers = self._between_layers
         try:
             job.decoding = job.start(self.rt)
             if not self._emit(job):
@@ -319,14 +351,41 @@ class Scheduler:
         except Exception as err:  # noqa: BLE001 - the caller gets it; the others go on
             job.close(err)
         finally:
+            self.rt.between_layers = None
             self._starting = None
 
-    def _step(self) -> None:
+    def _between_layers(self) -> None:
+        """Between two layers of a start's forward: one batched step of the running answers
+        (what is cancelled or past its deadline dropped first) if they have waited
+        `max_stall` since their last; the start's own forward goes on untouched. Raises
+        nothing: a broken step fails the answers in it, not the start."""
+        if not self._running or time.monotonic() - self.stepped_at < self.max_stall:
+            return
+        with self._wake:
+            self._drop_gone(self._running)
+        if not self._running:
+            return
+        self.rt.between_layers = None  # the step's own work is not interleaved again
+        try:
+            self.inner_steps += 1
+            self._step(lone=False)
+        finally:
+            self.rt.between_layers = self._between_layers
+
+    def _step(self, lone: bool = True) -> None:
+        """One decode step of every running answer (a lone answer's static one where
+        `lone` and graph decode allow)."""
+        try:
+            self._step_once(lone)
+        finally:
+            self.stepped_at = time.monotonic()
+
+    def _step_once(self, lone: bool) -> None:
         from kvedge.common.model.batch import decode_step, row_multiple, spec_rows_for
 
         jobs = list(self._running)
         self.steps, self.rows = self.steps + 1, self.rows + len(jobs)
-        if self.graph_decode and len(jobs) == 1 and self._static_fits(jobs[0]):
+        if lone and self.graph_decode and len(jobs) == 1 and self._static_fits(jobs[0]):
             self._lone_step(jobs[0])
             return
         try:

@@ -333,6 +333,55 @@ def wait_until(predicate, timeout=10.0):
         time.sleep(0.01)
 
 
+class Probe(Job):
+    """A start that runs a forward over 64 tokens of its own and counts the decode steps the
+    scheduler took while it ran."""
+
+    def __init__(self, scheduler):
+        super().__init__()
+        self.scheduler, self.inner = scheduler, None
+
+    def start(self, rt):
+        before = self.scheduler.steps
+        ids = torch.randint(0, 300, (64,), generator=torch.Generator().manual_seed(0))
+        rt.prefill(ids, logits="none")
+        self.inner = self.scheduler.steps - before
+        raise RuntimeError("the probe never answers")
+
+
+@pytest.mark.parametrize("max_stall", [None, 0.0])
+def test_stall_free_starts_step_the_running_answers_between_layers(loaded, state, max_stall):
+    """A start waiting behind an answer that has just started: with `max_stall` 0 the answer
+    takes a step after each of the start's layers (while it lasts), and answers as it does
+    alone; off, it waits for the whole start."""
+    engine = make_engine(loaded, state, max_stall=max_stall)
+
+    def ask():
+        return comparable(list(engine.ask(Target("default", "facts"), QUESTIONS[1],
+                                          max_new_tokens=12)))
+
+    try:
+        alone = ask()
+        assert alone[1]["tokens"] > engine.rt.n_layers  # still decoding through the start
+        gate, together = closed_gate(engine), []
+        asking = threading.Thread(target=lambda: together.append(ask()))
+        asking.start()
+        wait_until(lambda: engine.scheduler.waiting == 1)
+        probe = engine.scheduler.submit(Probe(engine.scheduler))
+        gate.opened.set()
+        asking.join(60)
+        with pytest.raises(RuntimeError, match="the probe never answers"):
+            list(probe.events())
+        assert together == [alone]
+        if max_stall is None:
+            assert probe.inner == engine.scheduler.inner_steps == 0
+        else:
+            assert probe.inner == engine.scheduler.inner_steps == engine.rt.n_layers
+            assert engine.rt.between_layers is None  # set only while a start runs
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def edge(loaded, state):
     """A real edge daemon on loopback whose scheduler runs one answer and queues one more."""

@@ -449,6 +449,13 @@ def test_concurrent_reuse_cells_answer_as_one_at_a_time_and_resume(tmp_path):
     item = many._items(cell)[0]
     assert many._partial_key(cell, item) != one._partial_key(cell, item)
     assert "concurrent" not in many._prompt_settings(cell)  # the ceiling's key
+    free = Bench("tiny-llama", max_new_tokens=4, breakdown=None, concurrent=3, max_stall=0.0)
+    stalled = free.run(cell)  # stall-free starts: the same answers
+    assert free.engine.scheduler.inner_steps > 0
+    assert stalled["answers"] == alone["answers"] and stalled["max_stall"] == 0.0
+    assert "max_stall" not in together
+    assert all(q["answer_s"] >= q["first_token_s"] and q["gap_s"] >= 0
+               for q in stalled["per_question"])
 
 
 def test_shared_context_gives_the_full_prefills_logits():

@@ -167,6 +167,11 @@ class Runtime:
         self.final_norm = model.model.norm.weight
         self.lm_head = model.lm_head.weight
         self._decode: dict[str, tuple] = {}  # decode weights by format, built once each
+        # called with no arguments after each layer of every `forward` (None: nothing): the
+        # edge's scheduler steps the answers already decoding there while one starts
+        # (`kvedge.edge.scheduler.Scheduler`'s max_stall); it must leave this forward's
+        # tensors alone
+        self.between_layers: Callable[[], None] | None = None
         self.use_decode_weights("fp32")
         self.use_prompt_weights("fp32")
 
@@ -405,6 +410,8 @@ class Runtime:
                     break
                 store = self._stored(i, run.pos, stores(i, run.pos))
                 run.x = self.layer(i, run, cache[i], store, capture, observe, undo, fuse)
+                if self.between_layers is not None:
+                    self.between_layers()
         except BaseException:
             for restore in reversed(undo):  # a failed run leaves the cache exactly as it was
                 restore()
