@@ -408,6 +408,8 @@ def report_cmd(out_dir):
               default=AUTO_DECODE,
               show_default=True, help="the edge's prompt weights (`kvedge serve "
               "--prompt-weights`)")
+@click.option("--max-stall", type=click.FloatRange(0), default=None, metavar="SECONDS",
+              help="the edge's stall-free starts (`kvedge serve --max-stall`) [default: off]")
 @click.option("--steps", is_flag=True,
               help="then time one decode step alone and batched, in this process")
 @click.option("--conversations", is_flag=True,
@@ -415,7 +417,8 @@ def report_cmd(out_dir):
               "questions are turns), every round run with the edge's session KV and "
               "without (--session-bytes 0)")
 def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir, work,
-             batch_invariant, decode_weights, prompt_weights, steps, conversations):
+             batch_invariant, decode_weights, prompt_weights, max_stall, steps,
+             conversations):
     """Answers/s and TTFT of one `kvedge serve` under concurrent gRPC clients, as ratios to
     one client (docs/serving.md). Not a timed test: run it on a quiet machine."""
     from kvedge.bench.load import decode_costs, questions_in, run_load, start_bound, table
@@ -427,7 +430,8 @@ def load_cmd(model, clients, per_client, strategy, top_k, max_new_tokens, kb_dir
                       echo=click.echo, work=work, strategy=strategy, top_k=top_k,
                       max_new_tokens=max_new_tokens, conversations=conversations,
                       decode_weights=decode_weights, prompt_weights=prompt_weights,
-                      serve_args=() if batch_invariant else ("--no-batch-invariant",))
+                      serve_args=(() if batch_invariant else ("--no-batch-invariant",)) + (
+                          () if max_stall is None else ("--max-stall", str(max_stall))))
     click.echo(table(rounds))
     if not conversations:
         click.echo(f"serial starts bound any round to {start_bound(rounds[0]):.2f}× the "

@@ -101,6 +101,8 @@ class Round:
     wall_s: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)  # answers of 2+ tokens
+    gaps: list[float] = field(default_factory=list)  # each answer's longest wait between
+    #                                                  two pieces, client-side (2+ pieces)
     tokens: list[int] = field(default_factory=list)
     texts: dict[str, set[str]] = field(default_factory=dict)  # answers given to each question
     lost: list[str] = field(default_factory=list)
@@ -108,10 +110,12 @@ class Round:
     #                                                  came from the session cache, per turn
 
     def add(self, question: str, ttft: float, tokens: int, text: str,
-            tpot: float | None = None, reused: int = 0) -> None:
+            tpot: float | None = None, reused: int = 0, gap: float | None = None) -> None:
         self.ttfts.append(ttft)
         if tpot is not None:
             self.tpots.append(tpot)
+        if gap is not None:
+            self.gaps.append(gap)
         self.tokens.append(tokens)
         self.texts.setdefault(question, set()).add(text)
         self.reused.append(reused)
@@ -136,6 +140,11 @@ class Round:
         """Seconds per output token after the first (client-side: first piece to the end)."""
         return _quantile(self.tpots, q)
 
+    def gap(self, q: float) -> float:
+        """The longest wait between two pieces of an answer, quantile `q` over answers: what
+        a start beside an answer stalls it (`kvedge serve --max-stall`)."""
+        return _quantile(self.gaps, q)
+
 
 def _quantile(values: list[float], q: float) -> float:
     if not values:
@@ -147,22 +156,30 @@ def _quantile(values: list[float], q: float) -> float:
 def ask_timed(client, kb: str, question: str, **ask) -> tuple:
     """Ask and read the whole answer: (client-side time to its first piece, its tokens, its
     text, its seconds per token after the first: first piece to the end / (tokens - 1),
-    None for one token)."""
-    start, first = time.perf_counter(), None
+    None for one token; 0 history tokens reused; the longest wait between two of its
+    pieces, None for one piece)."""
+    start, first, times = time.perf_counter(), None, []
     for event in client.ask("default", kb, question, **ask):
+        times.append(time.perf_counter() - start)
         if first is None:
-            first = time.perf_counter() - start
+            first = times[0]
     end = time.perf_counter() - start
     tpot = (end - first) / (event.tokens - 1) if event.tokens > 1 else None
-    return first, event.tokens, event.answer, tpot
+    return first, event.tokens, event.answer, tpot, 0, longest_gap(times)
+
+
+def longest_gap(times: list[float]) -> float | None:
+    """The longest interval between successive arrival times (None for fewer than two)."""
+    return max((b - a for a, b in zip(times, times[1:])), default=None)
 
 
 def chat_timed(client, kb: str, messages: list[dict], strategy: str = "", top_k: int = 0,
                max_new_tokens: int = 0) -> tuple:
     """One conversation turn through the edge's OpenAI API with the official client,
     streamed: `ask_timed`'s tuple and the history tokens the edge found in its session cache
-    (`kvedge.session_reused`)."""
+    (`kvedge.session_reused`), and the longest wait between two of its pieces."""
     start, first, pieces, tokens, reused = time.perf_counter(), None, [], 0, 0
+    times = []
     stream = client.chat.completions.create(
         model=kb, messages=messages, stream=True, stream_options={"include_usage": True},
         max_tokens=max_new_tokens or None,
@@ -170,14 +187,15 @@ def chat_timed(client, kb: str, messages: list[dict], strategy: str = "", top_k:
                                if v}})
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
-            first = first if first is not None else time.perf_counter() - start
+            times.append(time.perf_counter() - start)
+            first = first if first is not None else times[0]
             pieces.append(chunk.choices[0].delta.content)
         reused = (chunk.model_extra or {}).get("kvedge", {}).get("session_reused", reused)
         tokens = chunk.usage.completion_tokens if chunk.usage else tokens
     end = time.perf_counter() - start
     first = end if first is None else first
     tpot = (end - first) / (tokens - 1) if tokens > 1 else None
-    return first, tokens, "".join(pieces), tpot, reused
+    return first, tokens, "".join(pieces), tpot, reused, longest_gap(times)
 
 
 def run_round(address: str, token: str, kb: str, questions: list[str], clients: int,
@@ -240,8 +258,9 @@ def table(rounds: list[Round]) -> str:
     base = rounds[0]
     lines = ["| clients | answers | lost | questions answered differently | tokens/answer | "
              "wall s | answers/s | × 1 client | TTFT p50 s | × 1 client | TTFT p99 s | "
-             "× 1 client | TPOT p50 ms | TPOT p99 ms | session KV tokens/turn |",
-             "|---" * 15 + "|"]
+             "× 1 client | TPOT p50 ms | TPOT p99 ms | longest gap p50 s | longest gap p99 s | "
+             "session KV tokens/turn |",
+             "|---" * 17 + "|"]
     for r in rounds:
         mean_tokens = sum(r.tokens) / len(r.tokens) if r.tokens else 0.0
         reused = sum(r.reused) / len(r.reused) if r.reused else 0.0
@@ -250,7 +269,8 @@ def table(rounds: list[Round]) -> str:
                      f"{r.rate:.2f} | {r.rate / base.rate:.2f} | {r.ttft(.5):.2f} | "
                      f"{r.ttft(.5) / base.ttft(.5):.2f} | {r.ttft(.99):.2f} | "
                      f"{r.ttft(.99) / base.ttft(.99):.2f} | {r.tpot(.5) * 1e3:.0f} | "
-                     f"{r.tpot(.99) * 1e3:.0f} | {reused:.0f} |")
+                     f"{r.tpot(.99) * 1e3:.0f} | {r.gap(.5):.2f} | {r.gap(.99):.2f} | "
+                     f"{reused:.0f} |")
     return "\n".join(lines)
 
 
@@ -287,12 +307,12 @@ def unbatched_round(state: Path, model: str, questions: list[str], per_client: i
     target = Target("default", "load")
 
     def one(question: str) -> tuple:
-        start, first = time.perf_counter(), None
+        start, times = time.perf_counter(), []
         _, composed = engine.retrieve(target, question, top_k, max_new_tokens)
         for event in engine.answer(composed, chosen, max_new_tokens):
-            if first is None:
-                first = time.perf_counter() - start
-        return first, event["tokens"], event["answer"], event["tpot_s"] or None
+            times.append(time.perf_counter() - start)
+        return (times[0], event["tokens"], event["answer"], event["tpot_s"] or None, 0,
+                longest_gap(times[:-1]))  # the last event is the costs, not a piece
 
     one(questions[0])  # first-use costs out of the round
     result, began = Round(1, "1, in process, unpadded"), time.perf_counter()

@@ -487,10 +487,18 @@ def test_load_rounds_count_answers_that_differ_from_one_client():
     for question, text in [("q1", "a"), ("q2", "B"), ("q1", "a")]:
         many.add(question, 0.8, 3, text)
     assert (one.differing(one), many.differing(one), many.answers, many.rate) == (0, 1, 3, 1.5)
-    many.add("q1", 0.9, 3, "a, twice", tpot=0.05)
+    many.add("q1", 0.9, 3, "a, twice", tpot=0.05, gap=0.3)
     assert many.differing(one) == 2
     assert "| 4 | 4 | 0 | 2 | 3.0 | 2.0 | 2.00 | 2.00 |" in table([one, many])
-    assert many.tpot(0.5) == 0.05 and table([one, many]).endswith("| 50 | 50 | 0 |")
+    assert many.tpot(0.5) == 0.05 and many.gap(0.99) == 0.3
+    assert table([one, many]).endswith("| 50 | 50 | 0.30 | 0.30 | 0 |")
+
+
+def test_an_answers_longest_gap_is_its_longest_wait_between_pieces():
+    from kvedge.bench.load import longest_gap
+
+    assert longest_gap([0.5, 0.6, 1.4, 1.5]) == pytest.approx(0.8)
+    assert longest_gap([0.5]) is None and longest_gap([]) is None
 
 
 def test_the_start_bound_is_one_answer_per_mean_start():
@@ -510,13 +518,14 @@ def test_load_conversations_run_with_and_without_session_kv(tmp_path):
     through a real daemon's OpenAI API; the same rounds run with the edge keeping each
     conversation's KV and with `--session-bytes 0`, no answer lost either way, and only the
     first reuses earlier turns (the daemons decoding with fp16 weights, as `kvctl bench load
-    --decode-weights fp16` runs them)."""
+    --decode-weights fp16` runs them, and starting stall-free, as `--max-stall 0` does)."""
     from kvedge.apps.demo import DEMO_KB
     from kvedge.bench.load import questions_in, run_load
 
     rounds = run_load(MODEL, DEMO_KB, questions_in(DEMO_KB), clients=(1, 2), per_client=2,
                       echo=lambda *_: None, work=tmp_path, conversations=True,
-                      max_new_tokens=3, decode_weights="fp16")  # the daemons take it too
+                      max_new_tokens=3, decode_weights="fp16",  # the daemons take both
+                      serve_args=("--max-stall", "0"))
     assert [r.label for r in rounds] == ["1, session KV", "2, session KV", "1, no session KV",
                                          "2, no session KV"]
     assert all(not r.lost and r.answers == 2 * r.clients for r in rounds)
