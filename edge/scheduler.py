@@ -358,8 +358,10 @@ class Scheduler:
         """Between two layers of a start's forward: one batched step of the running answers
         (what is cancelled or past its deadline dropped first) if they have waited
         `max_stall` since their last; the start's own forward goes on untouched. Raises
-        nothing: a broken step fails the answers in it, not the start."""
-        if not self._running or time.monotonic() - self.stepped_at < self.max_stall:
+        nothing: a broken step fails the answers in it, not the start. A forward another
+        thread runs over the same runtime meanwhile (the bench's phase timing) steps nothing."""
+        if (not self._running or threading.current_thread() is not self._thread
+                or time.monotonic() - self.stepped_at < self.max_stall):
             return
         with self._wake:
             self._drop_gone(self._running)
