@@ -26,6 +26,7 @@ from typing import Iterator
 from kvedge.common.model.models import AUTO_DECODE
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.common.net.proto import kvedge_pb2 as pb
+from kvedge.edge.answer import longest_gap
 
 CHUNK = 1 << 20
 
@@ -158,19 +159,13 @@ def ask_timed(client, kb: str, question: str, **ask) -> tuple:
     text, its seconds per token after the first: first piece to the end / (tokens - 1),
     None for one token; 0 history tokens reused; the longest wait between two of its
     pieces, None for one piece)."""
-    start, first, times = time.perf_counter(), None, []
+    start, times = time.perf_counter(), []
     for event in client.ask("default", kb, question, **ask):
         times.append(time.perf_counter() - start)
-        if first is None:
-            first = times[0]
-    end = time.perf_counter() - start
+    end, first = time.perf_counter() - start, times[0]
     tpot = (end - first) / (event.tokens - 1) if event.tokens > 1 else None
-    return first, event.tokens, event.answer, tpot, 0, longest_gap(times)
-
-
-def longest_gap(times: list[float]) -> float | None:
-    """The longest interval between successive arrival times (None for fewer than two)."""
-    return max((b - a for a, b in zip(times, times[1:])), default=None)
+    return (first, event.tokens, event.answer, tpot, 0,
+            longest_gap(times[:-1]))  # the last event is the AskDone, not a piece
 
 
 def chat_timed(client, kb: str, messages: list[dict], strategy: str = "", top_k: int = 0,
@@ -178,8 +173,7 @@ def chat_timed(client, kb: str, messages: list[dict], strategy: str = "", top_k:
     """One conversation turn through the edge's OpenAI API with the official client,
     streamed: `ask_timed`'s tuple and the history tokens the edge found in its session cache
     (`kvedge.session_reused`), and the longest wait between two of its pieces."""
-    start, first, pieces, tokens, reused = time.perf_counter(), None, [], 0, 0
-    times = []
+    start, times, pieces, tokens, reused = time.perf_counter(), [], [], 0, 0
     stream = client.chat.completions.create(
         model=kb, messages=messages, stream=True, stream_options={"include_usage": True},
         max_tokens=max_new_tokens or None,
@@ -188,12 +182,11 @@ def chat_timed(client, kb: str, messages: list[dict], strategy: str = "", top_k:
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             times.append(time.perf_counter() - start)
-            first = first if first is not None else times[0]
             pieces.append(chunk.choices[0].delta.content)
         reused = (chunk.model_extra or {}).get("kvedge", {}).get("session_reused", reused)
         tokens = chunk.usage.completion_tokens if chunk.usage else tokens
     end = time.perf_counter() - start
-    first = end if first is None else first
+    first = times[0] if times else end
     tpot = (end - first) / (tokens - 1) if tokens > 1 else None
     return first, tokens, "".join(pieces), tpot, reused, longest_gap(times)
 

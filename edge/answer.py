@@ -48,10 +48,15 @@ class Transcript:
                 "answer_s": times[-1] - start if times else 0.0,  # time to the whole answer
                 "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
                 # the longest wait between two of its tokens (a start beside it stalls it)
-                "gap_s": max((b - a for a, b in zip(times, times[1:])), default=0.0),
+                "gap_s": longest_gap(times) or 0.0,
                 "recomputed": plan.recomputed, "kv_bytes": cache_nbytes(plan.cache),
                 "sequence_ratio": sequence_ratio(plan.cache, composed),
                 "prompt_tokens": len(composed.all_ids())}
+
+
+def longest_gap(times: list[float]) -> float | None:
+    """The longest interval between successive arrival times (None for fewer than two)."""
+    return max((b - a for a, b in zip(times, times[1:])), default=None)
 
 
 class Answer(Job):
