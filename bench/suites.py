@@ -128,6 +128,7 @@ class Bench:
         self._packs: dict[tuple[str, bool, str, bool], list[tuple[Path, int]]] = {}
         self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
+        self._signals: dict[str, object] = {}  # per item: the signals its methods share
         self._prefill_s: dict[str, float] = {}
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
@@ -456,14 +457,20 @@ class Bench:
     def _compressed(self, item: QAItem, ctx, method: str, budget: float):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
         computed once per (item, method) and each budget only keeps its share; the seconds
-        reported are scoring + keeping, as one compression job would spend."""
+        reported are scoring + keeping, as one compression job would spend. A signal two
+        methods share is probed once per item (`sharing_signals`), and its seconds are
+        charged to each method that uses it."""
         from kvedge.cloud.eviction import get_method
+        from kvedge.cloud.eviction.scoring import SignalMemo, sharing_signals
 
         m = get_method(method, budget)
         key = (item.key, method)
         if key not in self._scores:
-            start = time.perf_counter()
-            self._scores[key] = (m.scores(self.prefill.rt, ctx), time.perf_counter() - start)
+            memo = self._signals.setdefault(item.key, SignalMemo())
+            reused, start = memo.reused_s, time.perf_counter()
+            with sharing_signals(memo):  # KVzip's reconstruction is ContrastKV's positive
+                scores_ = m.scores(self.prefill.rt, ctx)
+            self._scores[key] = (scores_, time.perf_counter() - start + memo.reused_s - reused)
         scores_, score_s = self._scores[key]
         start = time.perf_counter()
         kept = m.keep(scores_, ctx)

@@ -152,12 +152,15 @@ def test_eviction_cells_evict_then_encode_against_one_uncompressed_full_kv(tmp_p
     """As a batch job: scored once on the uncompressed context, kept, then encoded per codec;
     every cell beside the same full KV in fp16 (accuracy) and the same fp16 bytes."""
     p = preset("quick", "tiny-llama")
-    p.reuse_tasks, p.methods, p.items, p.max_new_tokens = [], ["full", "contrastkv"], 1, 2
+    p.reuse_tasks, p.items, p.max_new_tokens = [], 1, 2
+    p.methods = ["full", "contrastkv", "kvzip"]
     p.evict_tasks, p.evict_lengths = ["niah_single_prose"], [300]  # tokens: short, fast
     runner = Bench(p.model, max_new_tokens=2, breakdown=None)
     rows = run_grid(p, tmp_path / "r.jsonl", runner.run, codecs=["int8", "int4+zstd"])
     by = {(r["method"], r["codec"]): r for r in rows}
-    assert len(by) == 4 and len(runner._scores) == 1
+    assert len(by) == 6 and len(runner._scores) == 2
+    memo, = runner._signals.values()  # kvzip reused contrastkv's reconstruction, charged
+    assert 0 < memo.reused_s <= by[("kvzip", "int8")]["compress_s"]
     assert len({r["fp16_bytes"] for r in rows}) == len({r["full_kv_score"] for r in rows}) == 1
     for codec in ("int8", "int4+zstd"):
         assert by[("contrastkv", codec)]["shipped_bytes"] < by[("full", codec)]["shipped_bytes"]

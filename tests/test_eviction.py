@@ -201,3 +201,35 @@ def test_a_chunks_probe_is_normalized_over_the_sink_its_chunk_and_itself():
     assert torch.allclose(scores[0], direct, atol=1e-5)
     assert scores[0][:, 4:16].abs().sum() == 0 and scores[0][:, 32:].abs().sum() == 0
     assert (scores[0][:, 16:32] > 0).all()
+
+
+def test_kvzip_and_contrastkv_share_one_reconstruction_probe_where_asked(monkeypatch):
+    """KVzip's reconstruction is ContrastKV's positive signal (ContrastKV Sec. 4.1): inside
+    `sharing_signals` the second method reuses it (same scores, one probe fewer) and the
+    memo charges the probe's seconds to the reuse; outside, every method probes alone."""
+    rt = tiny_runtime("tiny-llama")
+    ctx = context(rt, n=60, seed=6)
+    alone = {name: get_method(name, 0.2).scores(rt, ctx) for name in ("kvzip", "contrastkv")}
+    probes = []
+    real = scoring.probe_scores
+    monkeypatch.setattr(scoring, "probe_scores",
+                        lambda *a, **kw: probes.append(len(a[3])) or real(*a, **kw))
+    import kvedge.cloud.eviction.contrastkv as contrastkv
+    import kvedge.cloud.eviction.kvzip as kvzip
+    monkeypatch.setattr(kvzip, "probe_scores", scoring.probe_scores)
+    monkeypatch.setattr(contrastkv, "probe_scores", scoring.probe_scores)
+    memo = scoring.SignalMemo()
+    with scoring.sharing_signals(memo):
+        shared = {name: get_method(name, 0.2).scores(rt, ctx) for name in ("kvzip", "contrastkv")}
+    assert len(probes) == 2 and probes[1] == 64  # the reconstruction, then only the noise
+    assert memo.reused_s > 0
+    for name in alone:
+        assert all(torch.equal(a, b) for a, b in zip(alone[name], shared[name]))
+    probes.clear()
+    get_method("kvzip", 0.2).scores(rt, ctx)
+    get_method("kvzip", 0.2).scores(rt, ctx)
+    assert len(probes) == 2  # no memo: each scoring probes
+    other = context(rt, n=60, seed=7)
+    with scoring.sharing_signals(memo):  # another context's tokens miss
+        get_method("kvzip", 0.2).scores(rt, other)
+    assert len(probes) == 3

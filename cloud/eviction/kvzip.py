@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kvedge.cloud.eviction.base import EvictionMethod
 from kvedge.cloud.eviction.registry import METHODS
-from kvedge.cloud.eviction.scoring import context_cache, merge_max, probe_scores
+from kvedge.cloud.eviction.scoring import context_cache, merge_max, probe_scores, shared
 from kvedge.common.model.tokenizer import chat_turn
 from kvedge.common.registry import option
 
@@ -52,12 +52,16 @@ def reconstruction_prompts(tokenizer, context_ids: list[int], chunk: int = 2048,
 
 def positive_scores(rt, cache, ctx, chunk: int = 2048, seed_tokens: int = 8, sink: int = 4):
     """Per layer (Hkv, n): max attention from the context's reconstruction (Eq. 8), chunk by
-    chunk, probed against `cache`, the context's `context_cache` (left as it was)."""
-    prompts = reconstruction_prompts(rt.loaded.tokenizer, ctx.token_ids, chunk, seed_tokens)
-    whole = len(prompts) == 1  # one chunk: its span is the whole context
-    return merge_max([probe_scores(rt, cache, ctx.n_tokens, ids,
-                                   span=None if whole else span, sink=sink)
-                      for ids, span in prompts])
+    chunk, probed against `cache`, the context's `context_cache` (left as it was). Shared
+    (`scoring.shared`): KVzip and ContrastKV scoring one context probe it once."""
+    def probe():
+        prompts = reconstruction_prompts(rt.loaded.tokenizer, ctx.token_ids, chunk, seed_tokens)
+        whole = len(prompts) == 1  # one chunk: its span is the whole context
+        return merge_max([probe_scores(rt, cache, ctx.n_tokens, ids,
+                                       span=None if whole else span, sink=sink)
+                          for ids, span in prompts])
+
+    return shared(("reconstruction", tuple(ctx.token_ids), chunk, seed_tokens, sink), probe)
 
 
 @METHODS.register

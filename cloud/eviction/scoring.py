@@ -7,8 +7,17 @@ probe's positions. The softmax runs over every key a probe query sees (context a
 probe's own earlier tokens) and is then sliced to the context, as Eq. 8 says. Queries are
 processed in chunks, so memory is O(chunk × keys), and long probes run in pieces that each
 restore the context-only cache afterwards.
+
+A signal two methods share (KVzip's reconstruction is ContrastKV's positive signal, Sec. 4.1)
+is probed once per context where the caller says so (`sharing_signals`): the benchmark
+scores one context with both. Each reuse charges the seconds the probe took to
+`SignalMemo.reused_s`, so a method's timed scoring still reports what it costs alone.
 """
 from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -16,6 +25,45 @@ from kvedge.common.model.attention import key_votes
 from kvedge.common.model.kvcache import truncate_cache
 
 QUERY_CHUNK = 256
+
+
+class SignalMemo:
+    """Signals already probed over one context by one runtime, kept for the next method
+    that scores the same context; `reused_s` sums the seconds each reuse saved."""
+
+    def __init__(self):
+        self._kept: dict[tuple, tuple[object, float]] = {}
+        self.reused_s = 0.0
+
+    def get(self, key: tuple, probe):
+        if key in self._kept:
+            value, seconds = self._kept[key]
+            self.reused_s += seconds
+            return value
+        start = time.perf_counter()
+        value = probe()
+        self._kept[key] = (value, time.perf_counter() - start)
+        return value
+
+
+_MEMO: ContextVar[SignalMemo | None] = ContextVar("kvedge_signal_memo", default=None)
+
+
+@contextmanager
+def sharing_signals(memo: SignalMemo):
+    """Within the block, shared signals (`shared`) are looked up in `memo`: the caller's
+    promise that every method scored inside scores the same context with the same runtime."""
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
+
+
+def shared(key: tuple, probe):
+    """`probe()`, or its value from the memo `sharing_signals` set (none: always probed)."""
+    memo = _MEMO.get()
+    return probe() if memo is None else memo.get(key, probe)
 
 
 def context_cache(rt, ctx):
