@@ -128,7 +128,7 @@ class Bench:
         self._packs: dict[tuple[str, bool, str, bool], list[tuple[Path, int]]] = {}
         self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
-        self._signals: dict[str, object] = {}  # per item: the signals its methods share
+        self._signals = None  # the signals methods share (a SignalMemo, made on first use)
         self._prefill_s: dict[str, float] = {}
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
@@ -458,7 +458,7 @@ class Bench:
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
         computed once per (item, method) and each budget only keeps its share; the seconds
         reported are scoring + keeping, as one compression job would spend. A signal two
-        methods share is probed once per item (`sharing_signals`), and its seconds are
+        methods share is probed once per context (`sharing_signals`), and its seconds are
         charged to each method that uses it."""
         from kvedge.cloud.eviction import get_method
         from kvedge.cloud.eviction.scoring import SignalMemo, sharing_signals
@@ -466,7 +466,7 @@ class Bench:
         m = get_method(method, budget)
         key = (item.key, method)
         if key not in self._scores:
-            memo = self._signals.setdefault(item.key, SignalMemo())
+            memo = self._signals = self._signals or SignalMemo()  # keyed by context tokens
             reused, start = memo.reused_s, time.perf_counter()
             with sharing_signals(memo):  # KVzip's reconstruction is ContrastKV's positive
                 scores_ = m.scores(self.prefill.rt, ctx)

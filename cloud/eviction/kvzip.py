@@ -52,12 +52,14 @@ def reconstruction_prompts(tokenizer, context_ids: list[int], chunk: int = 2048,
 
 def positive_scores(rt, cache, ctx, chunk: int = 2048, seed_tokens: int = 8, sink: int = 4):
     """Per layer (Hkv, n): max attention from the context's reconstruction (Eq. 8), chunk by
-    chunk, probed against `cache`, the context's `context_cache` (left as it was). Shared
-    (`scoring.shared`): KVzip and ContrastKV scoring one context probe it once."""
+    chunk, probed against `cache`, the context's `context_cache` (left as it was; None: made
+    here, only if the probe runs). Shared (`scoring.shared`): KVzip and ContrastKV scoring
+    one context probe it once."""
     def probe():
         prompts = reconstruction_prompts(rt.loaded.tokenizer, ctx.token_ids, chunk, seed_tokens)
         whole = len(prompts) == 1  # one chunk: its span is the whole context
-        return merge_max([probe_scores(rt, cache, ctx.n_tokens, ids,
+        dense = context_cache(rt, ctx) if cache is None else cache
+        return merge_max([probe_scores(rt, dense, ctx.n_tokens, ids,
                                        span=None if whole else span, sink=sink)
                           for ids, span in prompts])
 
@@ -73,5 +75,5 @@ class KVzip(EvictionMethod):
     name = "kvzip"
 
     def score(self, rt, ctx):
-        return positive_scores(rt, context_cache(rt, ctx), ctx, self.chunk, self.seed_tokens,
+        return positive_scores(rt, None, ctx, self.chunk, self.seed_tokens,
                                max(self.sinks, self.protect))

@@ -28,8 +28,9 @@ QUERY_CHUNK = 256
 
 
 class SignalMemo:
-    """Signals already probed over one context by one runtime, kept for the next method
-    that scores the same context; `reused_s` sums the seconds each reuse saved."""
+    """Signals already probed by one runtime, keyed by what they depend on (the context's
+    tokens among it), kept for the next method that needs the same one; `reused_s` sums the
+    seconds each reuse saved."""
 
     def __init__(self):
         self._kept: dict[tuple, tuple[object, float]] = {}
@@ -52,7 +53,8 @@ _MEMO: ContextVar[SignalMemo | None] = ContextVar("kvedge_signal_memo", default=
 @contextmanager
 def sharing_signals(memo: SignalMemo):
     """Within the block, shared signals (`shared`) are looked up in `memo`: the caller's
-    promise that every method scored inside scores the same context with the same runtime."""
+    promise that every method scored inside uses the same runtime, and that contexts with
+    the same tokens hold the same KV (the bench scores each item's uncompressed context)."""
     token = _MEMO.set(memo)
     try:
         yield memo
