@@ -228,8 +228,9 @@ def fake_passes(monkeypatch, ms: dict):
     import kvedge.common.model.runtime as runtime
     from kvedge.common.model.quant import Bf16Weight, Fp16Weight
 
-    def timed(sample, rows=1, reps=3):
+    def timed(sample, rows=1, reps=3, beyond=None):
         kind = {Fp16Weight: "fp16", Bf16Weight: "bf16"}.get(type(sample[0]), "fp32")
+        ms["threads", kind] = torch.get_num_threads()  # what the probe timed it on
         return ms[kind, rows] / 1e3
 
     monkeypatch.setattr(runtime, "pass_s", timed)
@@ -264,10 +265,15 @@ def test_auto_prompt_takes_bf16_where_a_start_sized_pass_is_fast(monkeypatch):
     from kvedge.common.model.quant import AUTO_PROMPT_ROWS, Bf16Weight
 
     rt = tiny_runtime("tiny-llama")
-    fake_passes(monkeypatch, {("fp32", AUTO_PROMPT_ROWS): 326, ("bf16", AUTO_PROMPT_ROWS): 109})
+    threads = torch.get_num_threads()
+    ms = {("fp32", AUTO_PROMPT_ROWS): 326, ("bf16", AUTO_PROMPT_ROWS): 109}
+    fake_passes(monkeypatch, ms)
     rt.use_prompt_weights("auto")
     assert rt.prompt_format == "bf16" and isinstance(rt.prompt_layers[0].wq, Bf16Weight)
     assert "bf16 109.0" in rt.prompt_choice
+    # timed on one thread (a busy CPU cannot skew the ratio), the threads then put back
+    assert ms["threads", "fp32"] == ms["threads", "bf16"] == 1
+    assert torch.get_num_threads() == threads
     fake_passes(monkeypatch, {("fp32", AUTO_PROMPT_ROWS): 326, ("bf16", AUTO_PROMPT_ROWS): 300})
     rt.use_prompt_weights("auto")
     assert rt.prompt_format == "fp32" and rt.prompt_layers is rt.layers
@@ -286,6 +292,28 @@ def test_the_timed_sample_holds_enough_weights_and_a_pass_is_timed():
         -(-TIMED_BYTES // per_layer)
     assert pass_s(products(rt.layers, rt.lm_head), reps=2) > 0
     assert pass_s(products(rt.layers, rt.lm_head), rows=16, reps=2) > 0
+
+
+class Counted:
+    """A weight's product that counts its calls (one per pass over a one-weight sample)."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w, self.shape, self.device, self.calls = w, w.shape, w.device, 0
+
+    def __call__(self, x, bias=None):
+        self.calls += 1
+        return x @ self.w.T
+
+
+def test_a_timed_pass_stops_once_one_pass_is_beyond_the_bound():
+    from kvedge.common.model.quant import pass_s
+
+    sample = Counted(weight(32, 64))
+    assert pass_s([sample], reps=3) > 0 and sample.calls == 4  # a warm-up, then three
+    sample.calls = 0
+    assert pass_s([sample], reps=3, beyond=0.0) > 0 and sample.calls == 1  # its warm-up only
+    sample.calls = 0
+    assert pass_s([sample], reps=3, beyond=60.0) > 0 and sample.calls == 4
 
 
 def test_unknown_format_and_a_model_off_the_cpu_are_refused():

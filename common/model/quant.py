@@ -40,6 +40,7 @@ Decisions, and why:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -184,6 +185,7 @@ def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
 # reuse recompute of a few segments and the question, ~120–190 rows on the demo KB). A copy
 # is taken only when it costs at most 1 / AUTO_SPEEDUP of fp32's.
 AUTO_SPEEDUP = 1.5
+GIVE_UP = 4  # a copy's pass this many times slower than it needs to be ends its timing
 AUTO_PROMPT_ROWS = 128
 TIMED_BYTES = 256 << 20
 REPS = 3
@@ -200,9 +202,12 @@ def timed_layers(layers: list) -> int:
     return len(layers)
 
 
-def pass_s(weights: list, rows: int = 1, reps: int = REPS) -> float:
+def pass_s(weights: list, rows: int = 1, reps: int = REPS,
+           beyond: float | None = None) -> float:
     """Seconds of `rows` rows through every weight of `weights` (plain tensors or the
-    copies' products), the fastest of `reps` passes after a warm-up one."""
+    copies' products), the fastest of `reps` passes after a warm-up one. `beyond`: once a
+    pass (the warm-up too) takes longer than that many seconds, that pass's time is
+    returned without the others — the caller's choice is already made."""
     import time
 
     gen = torch.Generator().manual_seed(0)
@@ -215,8 +220,27 @@ def pass_s(weights: list, rows: int = 1, reps: int = REPS) -> float:
             linear(inputs[w.shape[1]], w)
         return time.perf_counter() - start
 
-    once()
-    return min(once() for _ in range(reps))
+    best = float("inf")
+    for n in range(reps + 1):
+        took = once()
+        if beyond is not None and took > beyond:
+            return took
+        if n:  # the first is the warm-up
+            best = min(best, took)
+    return best
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch's intra-op threads set to one while the block runs (a timed probe: see
+    `Runtime.auto_prompt_weights`), then put back. Process-wide: only for a runtime no
+    request is using."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:

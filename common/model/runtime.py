@@ -37,8 +37,8 @@ from kvedge.common.errors import (ActiveSetError, CacheError, InvalidOption,
 from kvedge.common.model.attention import OwnKV
 from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
 from kvedge.common.model.models import AUTO_DECODE, PROMPT_WEIGHTS
-from kvedge.common.model.quant import (AUTO_PROMPT_ROWS, AUTO_SPEEDUP,
-                                       decode_weights, linear, pass_s, products,
+from kvedge.common.model.quant import (AUTO_PROMPT_ROWS, AUTO_SPEEDUP, GIVE_UP,
+                                       decode_weights, linear, one_thread, pass_s, products,
                                        rows_invariant, timed_layers)
 from kvedge.common.model.rope import Rope, head_dim_of
 
@@ -273,12 +273,30 @@ class Runtime:
         """(format, why) for `--prompt-weights auto`: bf16 copies where a pass of
         `quant.AUTO_PROMPT_ROWS` rows over the first layers' weights takes at most
         1 / AUTO_SPEEDUP of fp32's; else the model's own. Only for an fp32 model on the CPU.
-        Quality: docs/serving.md ("bf16 weights")."""
+        Quality: docs/serving.md ("bf16 weights").
+
+        Decision (2026-11-29): both passes are timed on one thread, because with torch's
+        threads on a CPU that other processes keep busy the choice followed the load, not
+        the CPU. On 2 cores beside a benchmark, the tiny Llama's fp32 pass took 324–328 ms
+        against 0.8 idle (each small matmul waits for a descheduled thread) and bf16's 160,
+        so all 6 probes took bf16; on one thread fp32 took 0.9–1.3 ms and bf16 11–21, and all
+        6 took fp32. An edge restarted under load then answered otherwise than before (the
+        fault tests caught it). A 128-row pass is compute-bound, so one thread keeps the two
+        formats' ratio. The bf16 passes stop once one takes GIVE_UP times longer than bf16
+        would need to win: on a CPU without a bf16 GEMM they are ~8× fp32's (SmolLM2: 2.6 s
+        a pass), and the four of them made most of the probe's 22 s there."""
         if (kept := self._own_weights_only()) is not None:
             return "fp32", kept
         n = timed_layers(self.layers)
-        costs = {fmt: pass_s(products(self._copies(fmt)[0][:n], self.lm_head)[:-1],
-                             AUTO_PROMPT_ROWS) for fmt in ("fp32", "bf16")}
+
+        def cost(fmt: str, beyond: float | None = None) -> float:
+            return pass_s(products(self._copies(fmt)[0][:n], self.lm_head)[:-1],
+                          AUTO_PROMPT_ROWS, beyond=beyond)
+
+        costs = {}
+        with one_thread():
+            costs["fp32"] = cost("fp32")
+            costs["bf16"] = cost("bf16", beyond=GIVE_UP * costs["fp32"] / AUTO_SPEEDUP)
         best = "bf16" if costs["bf16"] * AUTO_SPEEDUP <= costs["fp32"] else "fp32"
         if best == "fp32" and self.decode_format != "bf16":
             self._decode.pop("bf16")
