@@ -96,6 +96,10 @@ class Bench:
     packs_dir: Path | None = None       # documents' packs kept across runs by model, text,
     #                                     codec and anchoring (kvedge.bench.pack_store;
     #                                     None: this process only, in a temporary folder)
+    scores_dir: Path | None = None      # eviction scores (and shared signals, prefill
+    #                                     timings) kept across runs by model, context tokens
+    #                                     and method (kvedge.bench.score_store; None: this
+    #                                     process only)
     services: Path | None = None        # hotpot-kb's gateway data and edge state, kept so a
     #                                     later run finds its KB ingested (None: temporary)
     kb_base_codec: str = ""             # hotpot-kb: upload once in this codec, each cell's
@@ -133,6 +137,11 @@ class Bench:
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
         self._pack_store = PackStore(self.packs_dir or Path(self._folder.name) / "packs")
+        self._score_store = None
+        if self.scores_dir:
+            from kvedge.bench.score_store import ScoreStore
+
+            self._score_store = ScoreStore(self.scores_dir)
         self.kbs = KBs(self.services or Path(self._folder.name) / "services", self.model,
                        self.prefill.loaded, self.segment_tokens, self.anchored,
                        self.kb_base_codec, self.ingest_actors,
@@ -461,20 +470,51 @@ class Bench:
         methods share is probed once per context (`sharing_signals`), and its seconds are
         charged to each method that uses it."""
         from kvedge.cloud.eviction import get_method
-        from kvedge.cloud.eviction.scoring import SignalMemo, sharing_signals
 
         m = get_method(method, budget)
         key = (item.key, method)
         if key not in self._scores:
-            memo = self._signals = self._signals or SignalMemo()  # keyed by context tokens
-            reused, start = memo.reused_s, time.perf_counter()
-            with sharing_signals(memo):  # KVzip's reconstruction is ContrastKV's positive
-                scores_ = m.scores(self.prefill.rt, ctx)
-            self._scores[key] = (scores_, time.perf_counter() - start + memo.reused_s - reused)
+            self._scores[key] = self._kept(self._score(m, ctx), ctx, method=method)
         scores_, score_s = self._scores[key]
         start = time.perf_counter()
         kept = m.keep(scores_, ctx)
         return ctx.evicted(kept), score_s + time.perf_counter() - start
+
+    def _score(self, m, ctx):
+        """A thunk for `_kept`: (method m's scores of ctx, seconds), its shared signals
+        looked up in the bench's memo (kept in the score store where there is one)."""
+        from kvedge.cloud.eviction.scoring import SignalMemo, sharing_signals
+
+        def score():
+            if self._signals is None:  # keyed by the context's tokens: one for the bench
+                if self._score_store is None:
+                    self._signals = SignalMemo()
+                else:
+                    from kvedge.bench.score_store import KeptSignals
+
+                    self._signals = KeptSignals(self._score_store,
+                                                self.prefill.loaded.fingerprint)
+            memo = self._signals
+            reused, start = memo.reused_s, time.perf_counter()
+            with sharing_signals(memo):  # KVzip's reconstruction is ContrastKV's positive
+                scores_ = m.scores(self.prefill.rt, ctx)
+            return scores_, time.perf_counter() - start + memo.reused_s - reused
+        return score
+
+    def _kept(self, compute, ctx, **what):
+        """compute() → (tensors, seconds), or what the score store kept for the model, the
+        context's tokens and `what` (computed and kept there on a miss)."""
+        if self._score_store is None:
+            return compute()
+        import hashlib
+
+        tokens = hashlib.sha256(repr(list(ctx.token_ids)).encode()).hexdigest()
+        key = pack_key(model=self.prefill.loaded.fingerprint, tokens=tokens, **what)
+        kept = self._score_store.get(key)
+        if kept is None:
+            kept = compute()
+            self._score_store.put(key, *kept)
+        return kept
 
     def _context(self, item: QAItem, codec: str = DEFAULT_CODEC):
         (ctx, _), = self.packs("".join(item.documents), True, codec)
@@ -483,10 +523,13 @@ class Bench:
     def _prefill_seconds(self, item: QAItem) -> float:
         """A plain prefill of the item's whole context, timed once: compression's yardstick."""
         if item.key not in self._prefill_s:
-            ids = torch.tensor(self._context(item, REFERENCE_CODEC).token_ids)
-            start = time.perf_counter()
-            self.prefill.rt.prefill(ids, logits="none")
-            self._prefill_s[item.key] = time.perf_counter() - start
+            ctx = self._context(item, REFERENCE_CODEC)
+
+            def timed():
+                start = time.perf_counter()
+                self.prefill.rt.prefill(torch.tensor(ctx.token_ids), logits="none")
+                return [], time.perf_counter() - start
+            self._prefill_s[item.key] = self._kept(timed, ctx, timing="prefill")[1]
         return self._prefill_s[item.key]
 
     def _evict(self, item: QAItem, method: str, budget: float, codec: str) -> list[dict]:
