@@ -7,6 +7,13 @@ percentile interval). Two intervals come from one set of draws: the difference o
 (method − ceiling; an interval that excludes 0 is a difference beyond chance) and the ratio
 of the means (method / ceiling, "keeps 97 % of recompute's F1"). Seeded: the same scores give
 the same intervals.
+
+Questions asked of one context (squad-evict: every question of an article against one
+compressed cache) are not independent: the eviction kept or lost the same tokens for all of
+them. Given each question's context (`clusters`), a resample draws contexts with replacement
+and takes all their questions (the cluster bootstrap, Davison & Hinkley, "Bootstrap Methods
+and their Application", Sec. 3.8), each side's mean over the questions drawn. With one
+question per context it is the question bootstrap above, draw for draw.
 """
 from __future__ import annotations
 
@@ -57,32 +64,46 @@ def _interval(value: float, samples: np.ndarray, confidence: float) -> Interval:
     return Interval(value, float(low), float(high))
 
 
-def _resampled_means(a: np.ndarray, b: np.ndarray, resamples: int,
-                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _resampled_means(a: np.ndarray, b: np.ndarray, resamples: int, seed: int,
+                     clusters: Sequence | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Both sides' means over the same seeded draws, in chunks (draws of thousands of
-    questions would not fit in memory at once)."""
+    questions would not fit in memory at once): draws of questions, or of `clusters` (a
+    label per question) with all their questions."""
     rng = np.random.default_rng(seed)
-    chunk = max(1, 4_000_000 // a.size)
+    if clusters is None:
+        sums_a, sums_b, counts = a, b, np.ones_like(a)
+    else:
+        labels = {label: n for n, label in enumerate(dict.fromkeys(clusters))}
+        index = np.array([labels[c] for c in clusters])
+        sums_a, sums_b = (np.bincount(index, weights=x, minlength=len(labels)) for x in (a, b))
+        counts = np.bincount(index, minlength=len(labels)).astype(float)
+    n = sums_a.size
+    chunk = max(1, 4_000_000 // n)
     means_a, means_b = [], []
     for start in range(0, resamples, chunk):
-        draws = rng.integers(0, a.size, size=(min(chunk, resamples - start), a.size))
-        means_a.append(a[draws].mean(axis=1))
-        means_b.append(b[draws].mean(axis=1))
+        draws = rng.integers(0, n, size=(min(chunk, resamples - start), n))
+        drawn = counts[draws].sum(axis=1)
+        means_a.append(sums_a[draws].sum(axis=1) / drawn)
+        means_b.append(sums_b[draws].sum(axis=1) / drawn)
     return np.concatenate(means_a), np.concatenate(means_b)
 
 
 def paired_bootstrap(method: Sequence[float], ceiling: Sequence[float], *,
                      resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
-                     seed: int = 0) -> Paired:
+                     seed: int = 0, clusters: Sequence | None = None) -> Paired:
     """The difference and the ratio of `method`'s and `ceiling`'s mean scores (index i is
     the same question on both sides), each with its `confidence` percentile interval over
-    `resamples` seeded paired resamples. A resample whose ceiling mean is 0 has no ratio and
-    is left out of the ratio's interval."""
+    `resamples` seeded paired resamples — of questions, or of `clusters` (a hashable label
+    per question, e.g. its context: the module's cluster bootstrap). A resample whose
+    ceiling mean is 0 has no ratio and is left out of the ratio's interval."""
     a, b = np.asarray(method, dtype=float), np.asarray(ceiling, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or not a.size:
         raise UnpairedScores(f"paired scores need equal, non-empty lists; got {a.size} and "
                              f"{b.size} questions")
-    means_a, means_b = _resampled_means(a, b, resamples, seed)
+    if clusters is not None and len(clusters) != a.size:
+        raise UnpairedScores(f"clusters need a label per question; got {len(clusters)} for "
+                             f"{a.size} questions")
+    means_a, means_b = _resampled_means(a, b, resamples, seed, clusters)
     mean_a, mean_b = float(a.mean()), float(b.mean())
     diff = _interval(mean_a - mean_b, means_a - means_b, confidence)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -4,7 +4,8 @@ answer quality, not identical answer text (issue 30, deliverable 1).
 A cell whose packs use codec X is paired with its sibling in fp16 — the same suite, task,
 length, questions, method, budget and options, only the codec differs — question by
 question. The statistic is the mean F1 difference X − fp16 with its 95 % paired bootstrap
-interval (`kvedge.bench.bootstrap`). X is **answer-preserving** when that interval's lower end
+interval (`kvedge.bench.bootstrap`; contexts resampled whole where the rows name each
+question's, so 300 questions about 3 articles weigh as 3 contexts, not 300). X is **answer-preserving** when that interval's lower end
 lies above −MARGIN (one F1 point) on at least MIN_QUESTIONS questions; with fewer it is
 "too few questions" whatever the interval says. The share of answers whose text is identical
 to fp16's is reported beside it, as a column and not a gate: two fp16 runs on different
@@ -74,7 +75,8 @@ def verdicts(rows: list[dict]) -> list[CodecVerdict]:
             a = [q.get(METRIC) for q in r["per_question"]]
             if codec == REFERENCE_CODEC or len(a) != len(b) or None in a + b or not a:
                 continue
-            paired = paired_bootstrap(a, b)
+            items = [q.get("item") for q in r["per_question"]]  # resampled whole
+            paired = paired_bootstrap(a, b, clusters=None if None in items else items)
             out.append(CodecVerdict(codec, _label(r), r["task"], r["length"], len(a),
                                     paired.mean, paired.ceiling, paired.diff.as_list(),
                                     fewer_bytes(r), _same_text(r, ref)))

@@ -504,14 +504,18 @@ def f1_of_full(rows: list[dict]) -> dict[tuple[str, float, str], Pooled]:
 
 def f1_of_full_interval(rows: list[dict], r: dict):
     """`r`'s F1 over the fp16 full-KV cell's on the same questions, paired question by
-    question (`kvedge.bench.bootstrap`): a Paired, or None without per-question scores."""
+    question (`kvedge.bench.bootstrap`), resampling contexts where the rows name each
+    question's (`item`: squad-evict's articles): a Paired, or None without per-question
+    scores."""
     from kvedge.bench.bootstrap import paired_bootstrap
 
     ref = fp16_full_f1s(rows, r)
-    mine = [q.get("f1") for q in r.get("per_question") or []]
+    per_question = r.get("per_question") or []
+    mine = [q.get("f1") for q in per_question]
     if ref is None or len(mine) != len(ref) or None in mine:
         return None
-    return paired_bootstrap(mine, ref)
+    clusters = [q.get("item") for q in per_question]
+    return paired_bootstrap(mine, ref, clusters=None if None in clusters else clusters)
 
 
 def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Path:

@@ -66,9 +66,9 @@ TIMES = ("first_token_s", "tpot_s", "answer_s")  # no ratio between rows asked c
 #                                                  and rows asked alone
 PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
           "phases_ttft_s")  # kvedge.bench.ttft's, as "phase_<name>"
-PER_QUESTION = ("score", "first_token_s", "recomputed", "prompt_tokens", "answer_at",
-                "documents", "tokens", "new_tokens", "gold_retrieved", "answer", "answer_s",
-                "gap_s", *QA_METRICS)
+PER_QUESTION = ("item", "score", "first_token_s", "recomputed", "prompt_tokens",
+                "answer_at", "documents", "tokens", "new_tokens", "gold_retrieved", "answer",
+                "answer_s", "gap_s", *QA_METRICS)
 PAIRED = ("score", *QA_METRICS)  # per-question metrics given bootstrap intervals against the
 #                                  ceiling (kvedge.bench.bootstrap)
 
@@ -271,15 +271,18 @@ class Bench:
         return cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
 
     def _run(self, cell: Cell, items: list[QAItem]) -> dict:
+        def summarize_(outcomes: list[dict], ceilings: list[dict]) -> dict:
+            return summarize(with_items(outcomes, items), ceilings)  # items: intervals' clusters
+
         ceilings = self._ceilings_of(cell, items)
         if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
-            return summarize(ceilings, ceilings)  # the ceiling is its own cell
+            return summarize_(ceilings, ceilings)  # the ceiling is its own cell
         if cell.method.startswith(KVPRESS):
             press = cell.method[len(KVPRESS):]
-            return summarize(self._kvpress(items, press, cell.budget, cell.codec), ceilings)
+            return summarize_(self._kvpress(items, press, cell.budget, cell.codec), ceilings)
         if cell.task == HOTPOT_KB:
             options = strategy_options(cell)
-            return summarize(self._by_item(
+            return summarize_(self._by_item(
                 cell, items, lambda i: self._kb_answers(cell, [i], cell.method, options),
                 threads=True), ceilings)
         if cell.suite == "reuse":
@@ -291,7 +294,7 @@ class Bench:
         else:
             outcomes = self._by_item(
                 cell, items, lambda i: self._evict(i, cell.method, cell.budget, cell.codec))
-        return summarize(outcomes, ceilings)
+        return summarize_(outcomes, ceilings)
 
     def _ceilings_of(self, cell: Cell, items: list[QAItem]) -> list[dict]:
         """The ceiling rows of every item: hotpot-kb's measured `concurrent` at a time on
@@ -712,15 +715,27 @@ def against_full(row: dict, reference: list[dict]) -> dict:
     return {"full_kv_score": full, "full_kv_ratio": ratio}
 
 
+def with_items(outcomes: list[dict], items: list[QAItem]) -> list[dict]:
+    """The rows, each with its item's key (`item`: the context its question was asked of),
+    where they are the items' questions in order (else as they are)."""
+    keys = [item.key for item in items for _ in item.questions]
+    if len(keys) != len(outcomes):
+        return outcomes
+    return [{**row, "item": key} for row, key in zip(outcomes, keys)]
+
+
 def intervals(outcomes: list[dict], ceilings: list[dict]) -> dict[str, dict]:
     """Per metric of PAIRED that every question has on both sides: the cell's mean against
     the ceiling's on the same questions, the difference and the ratio with their 95 % paired
-    bootstrap intervals (kvedge.bench.bootstrap)."""
+    bootstrap intervals (kvedge.bench.bootstrap), resampling items — the questions of one
+    context together — where the rows name them (`with_items`)."""
     out = {}
+    clusters = [o.get("item") for o in outcomes]
     for key in PAIRED:
         pairs = [(o.get(key), c.get(key)) for o, c in zip(outcomes, ceilings)]
         if pairs and len(outcomes) == len(ceilings) and None not in {v for p in pairs for v in p}:
-            out[key] = paired_bootstrap(*zip(*pairs)).to_dict()
+            out[key] = paired_bootstrap(*zip(*pairs), clusters=None if None in clusters
+                                        else clusters).to_dict()
     return out
 
 

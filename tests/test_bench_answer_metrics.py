@@ -58,3 +58,24 @@ def test_paired_bootstrap():
     assert paired_bootstrap([1, 0], [0, 0]).ratio is None  # no ceiling to divide by
     with pytest.raises(UnpairedScores):
         paired_bootstrap([1, 0], [1])
+
+
+def test_the_cluster_bootstrap_resamples_contexts_whole():
+    """Questions of one context move together: one article's answers all lost (its eviction
+    dropped what they needed) is one event among 3 articles, not 20 among 60 questions."""
+    ceiling = [1.0] * 60
+    method = [0.0] * 20 + [1.0] * 40  # article 0 lost whole
+    articles = [q // 20 for q in range(60)]
+    by_question = paired_bootstrap(method, ceiling, resamples=4000, seed=2)
+    by_article = paired_bootstrap(method, ceiling, resamples=4000, seed=2, clusters=articles)
+    assert by_question.diff.value == by_article.diff.value == pytest.approx(-1 / 3)
+    assert by_question.diff.high < -0.2  # "beyond chance" question by question
+    assert by_article.diff.high == 0.0 and by_article.diff.low == -1.0  # not with 3 articles
+    # a context per question: the question bootstrap, draw for draw
+    assert paired_bootstrap(method, ceiling, seed=2, clusters=list(range(60))) == \
+        paired_bootstrap(method, ceiling, seed=2)
+    # labels need not be numbers or sorted; one per question
+    names = ["b" if q < 20 else "a" for q in range(60)]
+    assert paired_bootstrap(method, ceiling, clusters=names).diff.value == pytest.approx(-1 / 3)
+    with pytest.raises(UnpairedScores, match="label per question"):
+        paired_bootstrap(method, ceiling, clusters=articles[:-1])

@@ -159,6 +159,9 @@ def test_eviction_cells_evict_then_encode_against_one_uncompressed_full_kv(tmp_p
     rows = run_grid(p, tmp_path / "r.jsonl", runner.run, codecs=["int8", "int4+zstd"])
     by = {(r["method"], r["codec"]): r for r in rows}
     assert len(by) == 6 and len(runner._scores) == 2
+    # each question names its context: the intervals resample contexts whole
+    assert all({q["item"] for q in r["per_question"]} == {"niah_single_prose/300/0"}
+               for r in rows)
     # kvzip reused contrastkv's reconstruction, and its seconds are charged to kvzip
     assert 0 < runner._signals.reused_s <= by[("kvzip", "int8")]["compress_s"]
     assert len({r["fp16_bytes"] for r in rows}) == len({r["full_kv_score"] for r in rows}) == 1

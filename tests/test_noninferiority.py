@@ -1,6 +1,8 @@
 """Codecs against fp16 by paired non-inferiority on F1 (bench/noninferiority.py): the verdict
 follows the interval's lower end and the question count, identical text is only reported,
 and the default is the smallest codec that preserves answers everywhere it was measured."""
+import pytest
+
 from kvedge.bench import noninferiority as ni
 
 
@@ -52,3 +54,21 @@ def test_the_table_names_the_verdict_and_the_default(tmp_path):
     md = ni.table([json.loads(line) for line in results.read_text().splitlines()])
     assert any("| int4+zstd | 4.00 |" in line and "answer-preserving" in line for line in md)
     assert "Smallest answer-preserving codec here: **int4+zstd**." in md
+
+
+def test_questions_of_one_article_are_resampled_together():
+    """A codec that costs one article 30 answers (0.1 F1 over 300 questions): question by
+    question the interval is narrow, as if 30 independent losses; with each question's
+    article named, a draw of article 0 three times (a 0.3 F1 loss) is in the interval."""
+    n = ni.MIN_QUESTIONS
+    ref, lossy = [1.0] * n, [1.0] * n
+    lossy[:30] = [0.0] * 30  # article 0's first 30 questions
+    rows = [cell("fp16", ref), cell("int2", lossy)]
+    by_question, = ni.verdicts(rows)
+    for r in rows:
+        for q, question in enumerate(r["per_question"]):
+            question["item"] = f"article-{q // 100}"
+    by_article, = ni.verdicts(rows)
+    assert by_question.diff[0] == by_article.diff[0] == pytest.approx(-0.1)
+    assert by_question.diff[2] < -ni.MARGIN and by_question.diff[1] > -0.2
+    assert by_article.diff[1] <= -0.29  # all three draws article 0: a 0.3 F1 loss
