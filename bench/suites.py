@@ -168,20 +168,33 @@ class Bench:
         anchored = self.anchored if anchored is None else anchored
         key = (text, whole, codec, anchored)
         if key not in self._packs:
-            stored = pack_key(model=self.prefill.loaded.fingerprint, text=text, whole=whole,
-                              segment_tokens=self.segment_tokens, codec=codec,
-                              anchored=anchored, namespace=namespace)
-            kept = self._pack_store.get(stored, self.load)
-            self._packs[key] = kept if kept is not None else self._pack_store.put(
-                stored, self._encoded(text, whole, codec, namespace, anchored))
+            def stored(codec: str) -> str:
+                return pack_key(model=self.prefill.loaded.fingerprint, text=text, whole=whole,
+                                segment_tokens=self.segment_tokens, codec=codec,
+                                anchored=anchored, namespace=namespace)
+            kept = self._pack_store.get(stored(codec), self.load)
+            if kept is None:
+                # a whole context (eviction's) is read in the reference codec too, as its
+                # methods' uncompressed base and full KV's: one prefill makes both packs
+                codecs = [codec, *([REFERENCE_CODEC] if whole and codec != REFERENCE_CODEC
+                                   else [])]
+                encoded = self._encoded(text, whole, codecs, namespace, anchored)
+                for other in codecs[1:]:  # (one kept already stands: `PackStore.put`)
+                    self._pack_store.put(stored(other), encoded[other])
+                kept = self._pack_store.put(stored(codec), encoded[codec])
+            self._packs[key] = kept
         return self._packs[key]
 
-    def _encoded(self, text: str, whole: bool, codec: str, namespace: str,
-                 anchored: bool) -> list[tuple[str, bytes]]:
-        """[(file name, pack bytes)]: the document's segments prefilled and encoded."""
-        return [(f"{enc.pack_id}.kvp", enc.data) for enc in (
-            self.prefill.encode(seg, namespace, codec, anchored)
-            for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole))]
+    def _encoded(self, text: str, whole: bool, codecs: list[str], namespace: str,
+                 anchored: bool) -> dict[str, list[tuple[str, bytes]]]:
+        """{codec: [(file name, pack bytes)]}: the document's segments prefilled once each
+        and encoded in every codec."""
+        out: dict[str, list[tuple[str, bytes]]] = {c: [] for c in codecs}
+        for seg in self.prefill.segment({"doc.md": text}, self.segment_tokens, whole):
+            for codec, enc in zip(codecs, self.prefill.encode_codecs(seg, namespace, codecs,
+                                                                     anchored)):
+                out[codec].append((f"{enc.pack_id}.kvp", enc.data))
+        return out
 
     def load(self, path: Path | bytes):
         """A pack (file or bytes) as the edge reads it (checksums verified)."""

@@ -66,9 +66,25 @@ def test_a_second_bench_reads_the_packs_the_first_made(tmp_path):
     def no_prefill(*args, **kwargs):
         raise AssertionError("the stored packs were prefilled again")
 
-    second.prefill.encode = no_prefill
+    second.prefill.encode_codecs = no_prefill
     assert second.pack_files(TEXT, whole=False, codec="int8") == made
     for (a, _), (b, _) in zip(first.packs(TEXT, False, "int8"), second.packs(TEXT, False, "int8")):
         assert a.n_tokens == b.n_tokens and a.token_ids == b.token_ids
     with pytest.raises(AssertionError, match="prefilled again"):  # another codec is a miss
         second.pack_files(TEXT, whole=False, codec="fp16")
+
+
+def test_a_whole_context_is_prefilled_once_for_its_codec_and_the_reference(tmp_path):
+    """Eviction reads a context in the cell's codec and in fp16 (its methods' base, full
+    KV's ceiling): the first prefill keeps both packs, equal to one made alone in fp16."""
+    from kvedge.bench.runner import REFERENCE_CODEC
+
+    bench = Bench("tiny-llama", max_new_tokens=2, packs_dir=tmp_path / "packs")
+    calls, encode = [], bench.prefill.encode_codecs
+    bench.prefill.encode_codecs = lambda seg, ns, codecs, *a: calls.append(codecs) or \
+        encode(seg, ns, codecs, *a)
+    (int8, _), = bench.pack_files(TEXT, whole=True, codec="int8")
+    (fp16, _), = bench.pack_files(TEXT, whole=True, codec=REFERENCE_CODEC)
+    assert calls == [["int8", REFERENCE_CODEC]]  # one prefill, both packs
+    seg, = bench.prefill.segment({"doc.md": TEXT}, bench.segment_tokens, True)
+    assert fp16.read_bytes() == bench.prefill.encode(seg, "bench", REFERENCE_CODEC).data
