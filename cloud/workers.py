@@ -90,28 +90,28 @@ class PrefillEngine:
                anchored: bool = False, side_tensors: bool = True) -> EncodedSegment:
         """Prefill one segment (alone from position 0, or behind the chat prefix) and encode
         its pre-RoPE KV as a pack (with SamKV's side tensors, or without: `side_tensors`)."""
-        encoded, = self.encode_codecs(segment, namespace, [codec], anchored, side_tensors)
-        return encoded
+        return self.encode_context(segment, self.context(segment, namespace, anchored,
+                                                         side_tensors), codec)
 
-    def encode_codecs(self, segment: TextSegment, namespace: str, codecs: list[str],
-                      anchored: bool = False,
-                      side_tensors: bool = True) -> list[EncodedSegment]:
-        """`encode` in each of `codecs` from one prefill of the segment."""
+    def context(self, segment: TextSegment, namespace: str, anchored: bool = False,
+                side_tensors: bool = True):
+        """`encode`'s prefill: the segment's KVContext, to encode in one codec or several."""
+        from kvedge.common.pack.prefill import segment_context
+
+        return segment_context(self.rt, segment.token_ids, fingerprint=self.loaded.fingerprint,
+                               tokenizer_id=self.loaded.tokenizer_id, namespace=namespace,
+                               anchor=self.anchor if anchored else None,
+                               side_tensors=side_tensors)
+
+    def encode_context(self, segment: TextSegment, ctx, codec: str) -> EncodedSegment:
+        """`encode`'s encoding of the segment's `context` in `codec`."""
         from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.container import pack_id
         from kvedge.common.pack.format import encode_pack
-        from kvedge.common.pack.prefill import segment_context
 
-        ctx = segment_context(self.rt, segment.token_ids, fingerprint=self.loaded.fingerprint,
-                              tokenizer_id=self.loaded.tokenizer_id, namespace=namespace,
-                              anchor=self.anchor if anchored else None,
-                              side_tensors=side_tensors)
-        out = []
-        for codec in codecs:
-            data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: model's transform
-            out.append(EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
-                                      transforms=self._unshipped(data)))
-        return out
+        data = encode_pack(ctx, codec_for_model(codec, self.rt))  # kvtc: the model's transform
+        return EncodedSegment(segment.index, pack_id(data), data, ctx.n_tokens,
+                              transforms=self._unshipped(data))
 
     def _unshipped(self, data: bytes) -> tuple[tuple[str, bytes], ...]:
         """The transform files this pack names that this engine has not shipped yet (each

@@ -66,7 +66,7 @@ def test_a_second_bench_reads_the_packs_the_first_made(tmp_path):
     def no_prefill(*args, **kwargs):
         raise AssertionError("the stored packs were prefilled again")
 
-    second.prefill.encode_codecs = no_prefill
+    second.prefill.context = no_prefill
     assert second.pack_files(TEXT, whole=False, codec="int8") == made
     for (a, _), (b, _) in zip(first.packs(TEXT, False, "int8"), second.packs(TEXT, False, "int8")):
         assert a.n_tokens == b.n_tokens and a.token_ids == b.token_ids
@@ -75,16 +75,18 @@ def test_a_second_bench_reads_the_packs_the_first_made(tmp_path):
 
 
 def test_a_whole_context_is_prefilled_once_for_its_codec_and_the_reference(tmp_path):
-    """Eviction reads a context in the cell's codec and in fp16 (its methods' base, full
-    KV's ceiling): the first prefill keeps both packs, equal to one made alone in fp16."""
+    """Eviction reads a context in fp16 (its methods' base, full KV's ceiling) and in the
+    cell's codec: one prefill makes both packs, each equal to one made alone."""
     from kvedge.bench.runner import REFERENCE_CODEC
 
     bench = Bench("tiny-llama", max_new_tokens=2, packs_dir=tmp_path / "packs")
-    calls, encode = [], bench.prefill.encode_codecs
-    bench.prefill.encode_codecs = lambda seg, ns, codecs, *a: calls.append(codecs) or \
-        encode(seg, ns, codecs, *a)
-    (int8, _), = bench.pack_files(TEXT, whole=True, codec="int8")
+    calls, context = [], bench.prefill.context
+    bench.prefill.context = lambda *a: calls.append(1) or context(*a)
     (fp16, _), = bench.pack_files(TEXT, whole=True, codec=REFERENCE_CODEC)
-    assert calls == [["int8", REFERENCE_CODEC]]  # one prefill, both packs
+    (int8, _), = bench.pack_files(TEXT, whole=True, codec="int8")
+    assert len(calls) == 1  # one prefill, both packs
     seg, = bench.prefill.segment({"doc.md": TEXT}, bench.segment_tokens, True)
-    assert fp16.read_bytes() == bench.prefill.encode(seg, "bench", REFERENCE_CODEC).data
+    bench.pack_files(TEXT + " More.", whole=True, codec="int8")  # another text: prefilled
+    assert len(calls) == 2
+    for path, codec in ((fp16, REFERENCE_CODEC), (int8, "int8")):
+        assert path.read_bytes() == bench.prefill.encode(seg, "bench", codec).data
