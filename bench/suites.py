@@ -134,7 +134,7 @@ class Bench:
         self._ceilings: dict[tuple, list[dict]] = {}
         self._scores: dict[tuple, tuple] = {}
         self._signals = None  # the signals methods share (a SignalMemo, made on first use)
-        self._prefill_s: dict[str, float] = {}
+        self._measured: dict[str, tuple] = {}  # `_kept`'s: (tensors, seconds) by key
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
         self._pack_store = PackStore(self.packs_dir or Path(self._folder.name) / "packs")
@@ -189,8 +189,13 @@ class Bench:
             if whole and self._prefilled is not None and self._prefilled[0] == key:
                 ctx = self._prefilled[1]
             else:
+                start = time.perf_counter()
                 ctx = self.prefill.context(seg, namespace, anchored)
-                self._prefilled = (key, ctx) if whole else None
+                took = time.perf_counter() - start
+                if whole:  # also compression's yardstick (`_prefill_seconds`)
+                    self._prefilled = (key, ctx)
+                    if not anchored:
+                        self._kept(lambda: ([], took), seg.token_ids, timing="prefill")
             enc = self.prefill.encode_context(seg, ctx, codec)
             out.append((f"{enc.pack_id}.kvp", enc.data))
         return out
@@ -489,7 +494,7 @@ class Bench:
         m = get_method(method, budget)
         key = (item.key, method)
         if key not in self._scores:
-            self._scores[key] = self._kept(self._score(m, ctx), ctx, method=method)
+            self._scores[key] = self._kept(self._score(m, ctx), ctx.token_ids, method=method)
         scores_, score_s = self._scores[key]
         start = time.perf_counter()
         kept = m.keep(scores_, ctx)
@@ -516,36 +521,37 @@ class Bench:
             return scores_, time.perf_counter() - start + memo.reused_s - reused
         return score
 
-    def _kept(self, compute, ctx, **what):
-        """compute() → (tensors, seconds), or what the score store kept for the model, the
-        context's tokens and `what` (computed and kept there on a miss)."""
-        if self._score_store is None:
-            return compute()
+    def _kept(self, compute, token_ids, **what):
+        """compute() → (tensors, seconds), or what this process or the score store kept for
+        the model, the context's tokens and `what` (computed and kept on a miss)."""
         import hashlib
 
-        tokens = hashlib.sha256(repr(list(ctx.token_ids)).encode()).hexdigest()
+        tokens = hashlib.sha256(repr(list(token_ids)).encode()).hexdigest()
         key = pack_key(model=self.prefill.loaded.fingerprint, tokens=tokens, **what)
-        kept = self._score_store.get(key)
-        if kept is None:
-            kept = compute()
-            self._score_store.put(key, *kept)
-        return kept
+        if key not in self._measured:
+            kept = self._score_store.get(key) if self._score_store is not None else None
+            if kept is None:
+                kept = compute()
+                if self._score_store is not None:
+                    self._score_store.put(key, *kept)
+            self._measured[key] = kept
+        return self._measured[key]
 
     def _context(self, item: QAItem, codec: str = DEFAULT_CODEC):
         (ctx, _), = self.packs("".join(item.documents), True, codec)
         return ctx
 
     def _prefill_seconds(self, item: QAItem) -> float:
-        """A plain prefill of the item's whole context, timed once: compression's yardstick."""
-        if item.key not in self._prefill_s:
-            ctx = self._context(item, REFERENCE_CODEC)
+        """A prefill of the item's whole context, timed once: compression's yardstick. The
+        one that made its packs (`_encoded`), else, where they came from an earlier run
+        that kept no timing, a plain one timed here."""
+        ctx = self._context(item, REFERENCE_CODEC)
 
-            def timed():
-                start = time.perf_counter()
-                self.prefill.rt.prefill(torch.tensor(ctx.token_ids), logits="none")
-                return [], time.perf_counter() - start
-            self._prefill_s[item.key] = self._kept(timed, ctx, timing="prefill")[1]
-        return self._prefill_s[item.key]
+        def timed():
+            start = time.perf_counter()
+            self.prefill.rt.prefill(torch.tensor(ctx.token_ids), logits="none")
+            return [], time.perf_counter() - start
+        return self._kept(timed, ctx.token_ids, timing="prefill")[1]
 
     def _evict(self, item: QAItem, method: str, budget: float, codec: str) -> list[dict]:
         """Compress the whole context once, then answer every question from it (PIE over the

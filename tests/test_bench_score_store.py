@@ -59,7 +59,16 @@ def test_a_later_bench_reads_the_scores_an_earlier_one_kept(tmp_path, monkeypatc
     p.methods, p.budgets = ["full", "contrastkv", "kvzip"], [0.3]
     p.evict_tasks, p.evict_lengths = ["niah_single_prose"], [300]
     earlier = Bench(p.model, max_new_tokens=2, breakdown=None, scores_dir=tmp_path / "scores")
+    plain, prefill = [], earlier.prefill.rt.prefill
+
+    def counted(ids, **kw):
+        if "want_queries" not in kw:  # a prefill other than a pack's
+            plain.append(len(ids))
+        return prefill(ids, **kw)
+
+    earlier.prefill.rt.prefill = counted
     first = run_grid(p, tmp_path / "a.jsonl", earlier.run)
+    assert plain == []  # compression's yardstick is the prefill that made the packs
     kept = sorted(f.name for f in (tmp_path / "scores").iterdir())
     assert len(kept) == 4  # contrastkv's and kvzip's scores, the reconstruction, the prefill
     calls = []
