@@ -9,6 +9,9 @@ how many questions' were.
 Reuse tables also set each strategy beside the edge's default (`DEFAULT_STRATEGY`) on the same
 questions: F1 and containment differences with their paired intervals, so that a ranking
 among strategies (not only each against recompute) comes from the report, not by hand.
+Eviction tables likewise set each method beside ContrastKV (`EVICT_REFERENCE`, the cloud's
+query-agnostic method, whose standing against KVzip issue 29 asks for) at the same budget
+and codec.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, REAL_TASKS
 from kvedge.edge import DEFAULT_STRATEGY
 
 CEILING = {"reuse": "recompute", "evict": "full KV"}
+EVICT_REFERENCE = "contrastkv"  # eviction cells are set beside it at their budget and codec
 # the reuse tables' paired columns against the default: metric → its name in the header
 AGAINST_DEFAULT = {"f1": "F1", "contain": "contain"}
 
@@ -87,6 +91,19 @@ def default_cells(group: list[dict]) -> dict:
     return {r.get("codec"): r for r in cells}
 
 
+def reference_cells(group: list[dict]) -> dict:
+    """(codec, budget) → the group's EVICT_REFERENCE cell (without options) with
+    per-question scores: each eviction method is set against it at its budget and codec."""
+    return {_reference_key(r): r for r in group
+            if r["method"] == EVICT_REFERENCE and not r.get("options") and r.get("per_question")}
+
+
+def _reference_key(r: dict):
+    """What a cell is set beside: the default strategy in its codec (reuse), ContrastKV at
+    its codec and budget (eviction)."""
+    return r.get("codec") if r["suite"] == "reuse" else (r.get("codec"), r["budget"])
+
+
 def against_default(r: dict, default: dict | None) -> list[str]:
     """`r` − the default strategy's cell, question by question, per AGAINST_DEFAULT metric
     with its paired bootstrap interval ("—" for the default itself, without a default cell
@@ -97,10 +114,12 @@ def against_default(r: dict, default: dict | None) -> list[str]:
     out = []
     for key in AGAINST_DEFAULT:
         a, b = [q.get(key) for q in mine], [q.get(key) for q in ref]
+        items = [q.get("item") for q in mine]  # contexts resampled whole, where named
         if not a or len(a) != len(b) or None in a or None in b:
             out.append("—")
         else:
-            out.append(with_interval(paired_bootstrap(a, b).diff.as_list(), "+.3f"))
+            out.append(with_interval(paired_bootstrap(
+                a, b, clusters=None if None in items else items).diff.as_list(), "+.3f"))
     return out
 
 
@@ -132,13 +151,14 @@ def qa_tables(rows: list[dict]) -> list[str]:
                      "paragraphs per question")
         at = {HOTPOT_FIXED: f"{length} paragraphs",
               HOTPOT_KB: f"top-{length} of the KB"}.get(task, f"{length} tokens")
-        defaults = default_cells(group) if suite == "reuse" else {}
-        columns = head(CEILING[suite], DEFAULT_STRATEGY if defaults else None)
+        defaults, reference = ((default_cells(group), DEFAULT_STRATEGY) if suite == "reuse"
+                               else (reference_cells(group), EVICT_REFERENCE))
+        columns = head(CEILING[suite], reference if defaults else None)
         out += [f"### {task} @ {at}, {items} items (seed {seed}){note}", "",
                 "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for r in sorted(group, key=lambda r: (-(r.get("first_token_s_median_ratio") or 0),
                                               _label(r))):
-            against = against_default(r, defaults.get(r.get("codec"))) if defaults else None
+            against = against_default(r, defaults.get(_reference_key(r))) if defaults else None
             out.append("| " + " | ".join(map(str, qa_row(r, against))) + " |")
         out.append("")
     return (["## Real QA (HotpotQA's official EM / F1 / containment vs the ceiling)", "", *out]

@@ -79,3 +79,27 @@ def test_a_sweep_cell_set_as_the_default_ships_is_the_default():
     # beside a cell without options, that one is the default
     t = table([cell(DEFAULT_STRATEGY, [0, 0, 0, 0], [0, 0, 0, 0]), *rows])
     assert t[DEFAULT_STRATEGY][F1_COL] == "—" and t[shipped][F1_COL].startswith("+0.750 [")
+
+
+def test_eviction_methods_are_set_against_contrastkv_at_their_budget():
+    """Issue 29 asks whether ContrastKV beats KVzip beyond the interval: each method is
+    paired with ContrastKV at the same budget and codec."""
+    from kvedge.bench.qa_report import EVICT_REFERENCE
+
+    def evicting(method, budget, f1s):
+        row = cell(method, f1s, f1s, suite="evict")
+        row["budget"] = budget
+        for n, q in enumerate(row["per_question"]):
+            q["item"] = f"article-{n // 2}"  # two questions per article
+        return row
+
+    rows = [evicting("full", 1, [1, 1, 1, 1]),
+            evicting(EVICT_REFERENCE, 0.2, [1, 1, 1, 0]),
+            evicting("kvzip", 0.2, [0, 0, 1, 0]),
+            evicting("kvzip", 0.1, [0, 0, 0, 0])]
+    column = f"F1 − {EVICT_REFERENCE} [95 % CI]"
+    t = table(rows)
+    assert t["kvzip @0.2"][column].startswith("-0.500 [")
+    assert t["kvzip @0.2"][column] == "-0.500 [-1.00, 0.00]"  # 2 articles: anything goes
+    assert t["kvzip @0.1"][column] == t["full"][column] == "—"  # no ContrastKV there
+    assert t[f"{EVICT_REFERENCE} @0.2"][column] == "—"
