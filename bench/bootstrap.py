@@ -88,6 +88,13 @@ def _resampled_means(a: np.ndarray, b: np.ndarray, resamples: int, seed: int,
     return np.concatenate(means_a), np.concatenate(means_b)
 
 
+def contexts_of(rows: Sequence[dict]) -> list | None:
+    """Each per-question row's context (its `item`), as `paired_bootstrap`'s `clusters`; None
+    where a row names none (rows from before the bench named them): the question bootstrap."""
+    labels = [row.get("item") for row in rows]
+    return None if None in labels else labels
+
+
 def paired_bootstrap(method: Sequence[float], ceiling: Sequence[float], *,
                      resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
                      seed: int = 0, clusters: Sequence | None = None) -> Paired:

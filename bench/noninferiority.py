@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kvedge.bench.bootstrap import paired_bootstrap
+from kvedge.bench.bootstrap import contexts_of, paired_bootstrap
 from kvedge.bench.qa_report import _label
 from kvedge.bench.runner import REFERENCE_CODEC, codec_of, fewer_bytes
 
@@ -75,8 +75,7 @@ def verdicts(rows: list[dict]) -> list[CodecVerdict]:
             a = [q.get(METRIC) for q in r["per_question"]]
             if codec == REFERENCE_CODEC or len(a) != len(b) or None in a + b or not a:
                 continue
-            items = [q.get("item") for q in r["per_question"]]  # resampled whole
-            paired = paired_bootstrap(a, b, clusters=None if None in items else items)
+            paired = paired_bootstrap(a, b, clusters=contexts_of(r["per_question"]))
             out.append(CodecVerdict(codec, _label(r), r["task"], r["length"], len(a),
                                     paired.mean, paired.ceiling, paired.diff.as_list(),
                                     fewer_bytes(r), _same_text(r, ref)))

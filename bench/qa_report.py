@@ -15,7 +15,7 @@ and codec.
 """
 from __future__ import annotations
 
-from kvedge.bench.bootstrap import paired_bootstrap
+from kvedge.bench.bootstrap import contexts_of, paired_bootstrap
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, REAL_TASKS
 from kvedge.edge import DEFAULT_STRATEGY
 
@@ -114,12 +114,11 @@ def against_default(r: dict, default: dict | None) -> list[str]:
     out = []
     for key in AGAINST_DEFAULT:
         a, b = [q.get(key) for q in mine], [q.get(key) for q in ref]
-        items = [q.get("item") for q in mine]  # contexts resampled whole, where named
         if not a or len(a) != len(b) or None in a or None in b:
             out.append("—")
         else:
             out.append(with_interval(paired_bootstrap(
-                a, b, clusters=None if None in items else items).diff.as_list(), "+.3f"))
+                a, b, clusters=contexts_of(mine)).diff.as_list(), "+.3f"))
     return out
 
 

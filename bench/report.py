@@ -507,15 +507,14 @@ def f1_of_full_interval(rows: list[dict], r: dict):
     question (`kvedge.bench.bootstrap`), resampling contexts where the rows name each
     question's (`item`: squad-evict's articles): a Paired, or None without per-question
     scores."""
-    from kvedge.bench.bootstrap import paired_bootstrap
+    from kvedge.bench.bootstrap import contexts_of, paired_bootstrap
 
     ref = fp16_full_f1s(rows, r)
     per_question = r.get("per_question") or []
     mine = [q.get("f1") for q in per_question]
     if ref is None or len(mine) != len(ref) or None in mine:
         return None
-    clusters = [q.get("item") for q in per_question]
-    return paired_bootstrap(mine, ref, clusters=None if None in clusters else clusters)
+    return paired_bootstrap(mine, ref, clusters=contexts_of(per_question))
 
 
 def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Path:

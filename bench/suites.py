@@ -39,7 +39,7 @@ from statistics import median
 import torch
 
 from kvedge.bench.answer_metrics import QA_METRICS, qa_scores
-from kvedge.bench.bootstrap import paired_bootstrap
+from kvedge.bench.bootstrap import contexts_of, paired_bootstrap
 from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
 from kvedge.bench.hotpot_kb import KBs
@@ -747,13 +747,11 @@ def intervals(outcomes: list[dict], ceilings: list[dict]) -> dict[str, dict]:
     the ceiling's on the same questions, the difference and the ratio with their 95 % paired
     bootstrap intervals (kvedge.bench.bootstrap), resampling items — the questions of one
     context together — where the rows name them (`with_items`)."""
-    out = {}
-    clusters = [o.get("item") for o in outcomes]
+    out, clusters = {}, contexts_of(outcomes)
     for key in PAIRED:
         pairs = [(o.get(key), c.get(key)) for o, c in zip(outcomes, ceilings)]
         if pairs and len(outcomes) == len(ceilings) and None not in {v for p in pairs for v in p}:
-            out[key] = paired_bootstrap(*zip(*pairs), clusters=None if None in clusters
-                                        else clusters).to_dict()
+            out[key] = paired_bootstrap(*zip(*pairs), clusters=clusters).to_dict()
     return out
 
 
