@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
-from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB
+from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT
 from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
 from kvedge.common.model.models import (AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL,
                                         PROMPT_WEIGHTS)
@@ -285,7 +285,8 @@ def bench():
               help="decode budget floor (questions with long references get more)")
 @click.option("--questions-per-prompt", "per_prompt", type=click.IntRange(1), default=None,
               help=f"{FACTS}: questions asked of each prompt [default: {QUESTIONS_PER_PROMPT}], "
-              "up to 3 per document; another value makes other cells (their key records it)")
+              f"up to 3 per document; {SQUAD_EVICT}: of each article, evenly spread "
+              "[default: all]; another value makes other cells (their key records it)")
 @click.option("--anchored", is_flag=True,
               help="reuse packs prefilled behind the chat prefix (`kvctl cloud up --anchored`); "
               "cells do not record it: give such a run its own --out")

@@ -44,7 +44,8 @@ class Cell:
     codec: str = DEFAULT_CODEC  # the documents' packs, as shipped to the edge
     options: str = ""           # the strategy's other options, "name=value,..." (reuse)
     per_prompt: int | None = None  # questions per fact prompt (None: the dataset's
-    #                                QUESTIONS_PER_PROMPT; other tasks: always None)
+    #                                QUESTIONS_PER_PROMPT) or per squad-evict article
+    #                                (None: all); other tasks: always None
     kb_items: int = 0  # hotpot-kb: the KB holds this many questions' paragraphs, more than
     #                    `items` (0: the KB of its own items)
 
@@ -109,9 +110,13 @@ class Preset:
 
 def fact_prompt_size(task: str, per_prompt: int | None) -> int | None:
     """A cell's `per_prompt`: None unless the task is fact prompts asked other than the
-    default QUESTIONS_PER_PROMPT at a time (so default cells keep their keys)."""
+    default QUESTIONS_PER_PROMPT at a time, or squad-evict's articles asked that many
+    questions each, not all (so default cells keep their keys)."""
     from kvedge.bench.datasets import FACTS, QUESTIONS_PER_PROMPT
+    from kvedge.bench.real import SQUAD_EVICT
 
+    if task == SQUAD_EVICT:
+        return per_prompt
     return None if task != FACTS or per_prompt == QUESTIONS_PER_PROMPT else per_prompt
 
 

