@@ -132,7 +132,6 @@ class Bench:
         self._packs: dict[tuple[str, bool, str, bool], list[tuple[Path, int]]] = {}
         self._prefilled = None  # (segment key, KVContext): the last whole context prefilled
         self._ceilings: dict[tuple, list[dict]] = {}
-        self._scores: dict[tuple, tuple] = {}
         self._signals = None  # the signals methods share (a SignalMemo, made on first use)
         self._measured: dict[str, tuple] = {}  # `_kept`'s: (tensors, seconds) by key
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
@@ -485,17 +484,15 @@ class Bench:
 
     def _compressed(self, item: QAItem, ctx, method: str, budget: float):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
-        computed once per (item, method) and each budget only keeps its share; the seconds
+        computed once per (context's tokens, method) (`_kept`) and each budget only keeps
+        its share; the seconds
         reported are scoring + keeping, as one compression job would spend. A signal two
         methods share is probed once per context (`sharing_signals`), and its seconds are
         charged to each method that uses it."""
         from kvedge.cloud.eviction import get_method
 
         m = get_method(method, budget)
-        key = (item.key, method)
-        if key not in self._scores:
-            self._scores[key] = self._kept(self._score(m, ctx), ctx.token_ids, method=method)
-        scores_, score_s = self._scores[key]
+        scores_, score_s = self._kept(self._score(m, ctx), ctx.token_ids, method=method)
         start = time.perf_counter()
         kept = m.keep(scores_, ctx)
         return ctx.evicted(kept), score_s + time.perf_counter() - start

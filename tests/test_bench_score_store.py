@@ -85,5 +85,5 @@ def test_a_later_bench_reads_the_scores_an_earlier_one_kept(tmp_path, monkeypatc
         if row["method"] != "full":  # the prefill's timing kept with the scores
             assert row["prefill_s"] == by[row["method"]]["prefill_s"]
     # each method's scoring charged as first measured (kvzip's with the reused probe's)
-    assert {k: s for k, (_, s) in later._scores.items()} == \
-        {k: s for k, (_, s) in earlier._scores.items()}
+    assert {k: s for k, (_, s) in later._measured.items()} == \
+        {k: s for k, (_, s) in earlier._measured.items()}
