@@ -482,13 +482,12 @@ class Bench:
         return [{**row, "first_token_s": first,
                  "answer_s": row["answer_s"] - row["first_token_s"] + first} for row in rows]
 
-    def _compressed(self, item: QAItem, ctx, method: str, budget: float):
+    def _compressed(self, ctx, method: str, budget: float):
         """(evicted context, seconds). Scores are query-agnostic and budget-free, so they are
         computed once per (context's tokens, method) (`_kept`) and each budget only keeps
-        its share; the seconds
-        reported are scoring + keeping, as one compression job would spend. A signal two
-        methods share is probed once per context (`sharing_signals`), and its seconds are
-        charged to each method that uses it."""
+        its share; the seconds reported are scoring + keeping, as one compression job would
+        spend. A signal two methods share is probed once per context (`sharing_signals`),
+        and its seconds are charged to each method that uses it."""
         from kvedge.cloud.eviction import get_method
 
         m = get_method(method, budget)
@@ -579,8 +578,8 @@ class Bench:
         from kvedge.common.pack.codecs import codec_for_model
         from kvedge.common.pack.format import encode_pack
 
-        kept, compress_s = self._compressed(item, self._context(item, REFERENCE_CODEC),
-                                            method, budget)
+        kept, compress_s = self._compressed(self._context(item, REFERENCE_CODEC), method,
+                                            budget)
         data = encode_pack(kept, codec_for_model(codec, self.prefill.rt))
         return self.load(data), len(data), compress_s
 
