@@ -13,8 +13,8 @@ are divided by kvpress's own full cache on the same items (`kvpress-full`, fp32 
 transformers) when the results hold it, ours by ours: each pipeline against its own ceiling.
 Eviction rows also get the bytes-vs-accuracy frontier (`bytes_frontier_plot`, which
 `kvedge.bench.codec_frontier` puts into docs/codecs.md); real-QA eviction cells also get it
-in F1 over the fp16 full-KV cell's F1 on the same questions (`f1_of_full`: a table and
-f1_bytes_frontier.png).
+in F1 over fp16 full KV's F1 on the same questions (`f1_of_full`: a table and
+f1_bytes_frontier.png) — as the cell recorded it beside its own, else the fp16 full-KV cell's.
 Reuse rows get a frontier per task × length — accuracy and median TTFT as fractions of
 recompute's, one point per strategy setting — and, where a cell timed its first token by
 phase, the breakdown (`kvedge.bench.ttft`). Fact-prompt cells asked other than the default
@@ -469,10 +469,14 @@ def _f1_group(r: dict) -> tuple:
 
 
 def fp16_full_f1s(rows: list[dict], r: dict) -> list[float] | None:
-    """The fp16 full-KV cell's per-question F1 on `r`'s questions: the row of `r`'s own items,
-    else the first `r["questions"]` of a larger run of the same task, length, seed and model
-    (a seeded order's prefix, `largest_runs`); None where neither was run (or kept per-question
-    scores)."""
+    """Full KV uncompressed's per-question F1 on `r`'s questions: as `r` recorded it beside
+    its own (`full_kv_f1`, from the fp16 ceilings its run kept), else the fp16 full-KV cell's
+    — the row of `r`'s own items, else the first `r["questions"]` of a larger run of the same
+    task, length, seed and model (a seeded order's prefix, `largest_runs`); None where none
+    was run (or kept per-question scores)."""
+    own = [q.get("full_kv_f1") for q in r.get("per_question") or []]
+    if own and None not in own and len(own) == r["questions"]:
+        return own
     full = [f for f in rows if f["suite"] == "evict" and f["method"] == "full"
             and codec_of(f) == REFERENCE_CODEC and _f1_group(f) == _f1_group(r)
             and f.get("per_question") and f["items"] >= r["items"]]

@@ -724,10 +724,17 @@ def ask_phases(rows: list[dict]) -> dict | None:
 
 
 def against_full(row: dict, reference: list[dict]) -> dict:
-    """An eviction cell's accuracy beside full KV uncompressed's on the same questions."""
+    """An eviction cell's accuracy beside full KV uncompressed's on the same questions; its
+    F1 too, mean and question by question (`per_question`'s `full_kv_f1`: the report's F1
+    over fp16 full KV then needs no fp16 full-KV cell of its own)."""
     full = _mean(reference, "score")
     ratio = row["score"] / full if row.get("score") is not None and full else None
-    return {"full_kv_score": full, "full_kv_ratio": ratio}
+    out = {"full_kv_score": full, "full_kv_ratio": ratio, "full_kv_f1": _mean(reference, "f1")}
+    per_question = row.get("per_question")
+    if per_question and len(per_question) == len(reference):
+        out["per_question"] = [{**q, "full_kv_f1": ref.get("f1")}
+                               for q, ref in zip(per_question, reference)]
+    return out
 
 
 def with_items(outcomes: list[dict], items: list[QAItem]) -> list[dict]:

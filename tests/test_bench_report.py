@@ -152,3 +152,28 @@ def test_a_smaller_run_is_paired_with_a_larger_fp16_runs_first_questions(tmp_pat
     report = write_report(results, tmp_path).read_text()
     assert "| contrastkv | 0.3 | rdq | 20.0 | 1.000 | [1.00, 1.00] | +0.000 [+0.000, +0.000] |" \
         in report
+
+
+def test_a_cell_that_recorded_full_kvs_f1_needs_no_fp16_cell(tmp_path):
+    """An eviction cell whose questions carry fp16 full KV's F1 (`full_kv_f1`, recorded beside
+    it from the run's kept fp16 ceilings, `suites.against_full`) gets its F1-over-fp16 point
+    and paired interval with no fp16 full-KV cell in the results."""
+    from kvedge.bench.suites import against_full
+
+    fp16 = [{"score": 1.0, "f1": f} for f in (1.0, 0.5, 0.0, 0.5)]
+    mine = [{"f1": f, "answer": str(f), "item": f"squad/{i // 2}/4096"}
+            for i, f in enumerate((0.5, 0.5, 0.0, 0.5))]
+    evicted = {**row("a", "contrastkv", 0.2, "rdq", 0.4, 1e5, full=0.5, ceiling=0.5, fp16=2e6),
+               "f1": 0.375, "per_question": mine}
+    evicted.update(against_full(evicted, fp16))
+    assert evicted["full_kv_f1"] == 0.5
+    assert [q["full_kv_f1"] for q in evicted["per_question"]] == [1.0, 0.5, 0.0, 0.5]
+    assert [q["f1"] for q in evicted["per_question"]] == [0.5, 0.5, 0.0, 0.5]  # its own kept
+    points = f1_of_full([evicted])
+    assert points[("contrastkv", 0.2, "rdq")].of_ceiling == 0.75  # 0.375 / 0.5
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(evicted) + "\n")
+    report = write_report(results, tmp_path).read_text()
+    assert "| contrastkv | 0.2 | rdq | 20.0 | 0.750 |" in report
+    # rows without it (or cut short) fall back to the fp16 cell, none here: no point
+    assert f1_of_full([{**evicted, "per_question": mine}]) == {}
