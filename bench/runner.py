@@ -91,7 +91,7 @@ class Preset:
         cells = [c for p in self.also for c in replace(p, kb_items=p.kb_items or self.kb_items)
                  .cells(*codecs)]
         for task, length in itertools.product(self.reuse_tasks, self.reuse_lengths):
-            per_prompt = fact_prompt_size(task, self.per_prompt)
+            per_prompt = questions_per_context(task, self.per_prompt)
             kb_items = self.kb_items if task == HOTPOT_KB and self.kb_items > self.items else 0
             for method, codec in itertools.product(self.strategies, codecs):
                 cells += [Cell("reuse", task, length, method, r, self.items, codec=codec,
@@ -100,7 +100,7 @@ class Preset:
         for task, length, method in itertools.product(self.evict_tasks, self.evict_lengths,
                                                       self.methods):
             budgets = [1.0] if method in UNBUDGETED else self.budgets
-            per_prompt = fact_prompt_size(task, self.per_prompt)
+            per_prompt = questions_per_context(task, self.per_prompt)
             for codec in codecs[:1] if method.startswith(KVPRESS) else codecs:
                 cells += [Cell("evict", task, length, method, b, self.items, codec=codec,
                                per_prompt=per_prompt)
@@ -108,10 +108,10 @@ class Preset:
         return list(dict.fromkeys(cells))
 
 
-def fact_prompt_size(task: str, per_prompt: int | None) -> int | None:
-    """A cell's `per_prompt`: None unless the task is fact prompts asked other than the
-    default QUESTIONS_PER_PROMPT at a time, or squad-evict's articles asked that many
-    questions each, not all (so default cells keep their keys)."""
+def questions_per_context(task: str, per_prompt: int | None) -> int | None:
+    """A cell's `per_prompt` (questions asked of one context): None unless the task is fact
+    prompts asked other than the default QUESTIONS_PER_PROMPT at a time, or squad-evict's
+    articles asked that many questions each, not all (so default cells keep their keys)."""
     from kvedge.bench.datasets import FACTS, QUESTIONS_PER_PROMPT
     from kvedge.bench.real import SQUAD_EVICT
 
