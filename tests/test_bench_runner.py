@@ -166,6 +166,11 @@ def test_eviction_cells_evict_then_encode_against_one_uncompressed_full_kv(tmp_p
     # kvzip reused contrastkv's reconstruction, and its seconds are charged to kvzip
     assert 0 < runner._signals.reused_s <= by[("kvzip", "int8")]["compress_s"]
     assert len({r["fp16_bytes"] for r in rows}) == len({r["full_kv_score"] for r in rows}) == 1
+    # each question carries fp16 full KV's F1, so the report needs no fp16 cell (none here)
+    from kvedge.bench.report import fp16_full_f1s
+
+    full_f1s = {tuple(fp16_full_f1s(rows, r)) for r in rows}
+    assert len(full_f1s) == 1 and None not in next(iter(full_f1s))
     for codec in ("int8", "int4+zstd"):
         assert by[("contrastkv", codec)]["shipped_bytes"] < by[("full", codec)]["shipped_bytes"]
     assert by[("full", "int4+zstd")]["shipped_bytes"] < by[("full", "int8")]["shipped_bytes"]
