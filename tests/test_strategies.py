@@ -207,6 +207,24 @@ def test_sparsex_recompute_set_is_topk_plus_overflow_plus_segment_heads():
     assert context.numel() == plan.recomputed == round(0.1 * composed.n_context) + len(overflow | heads)
 
 
+@pytest.mark.parametrize("name", ["a3", "cacheblend"])
+def test_shallow_selection_recomputes_segment_heads_on_top_of_its_top_k(name):
+    """`segment_head`: every segment's first tokens run at every layer, and the ratio's top-k
+    is still taken whole from the other tokens; 0 leaves the papers' selection."""
+    rt = tiny_runtime("tiny-llama")
+    composed = composed_prompt(rt, seed=6)
+    heads = {off + i for off in composed.offsets for i in range(3)}
+    top_k = round(0.1 * composed.n_context)
+    for segment_head, expected in [(3, top_k + len(heads)), (0, top_k)]:
+        strategy = get_strategy(name, {"ratio": 0.1, "segment_head": segment_head})
+        plan = strategy.plan(rt, composed, reserve=0)
+        out = rt.forward(plan.run_ids, plan.run_positions, plan.cache, plan.active,
+                         observe=plan.observe)
+        context = set(out.positions[out.positions < composed.question_start].tolist())
+        assert len(context) == plan.recomputed == expected
+        assert (heads <= context) == (segment_head == 3)
+
+
 def interleaved_prompt(rt, seed=7):
     """[prefix][seg 0][text][seg 1][text][seg 2][question]: fresh text between segments."""
     composed = composed_prompt(rt, seed=seed)

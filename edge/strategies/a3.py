@@ -11,6 +11,8 @@ Serving", Sec. 2).
 3. From layer ℓ+1 on only [Re, Q] run (Eq. 4–5): their fresh K/V overwrite the cached ones,
    every other token keeps its realigned cached K/V.
 The chat prefix is not a candidate: its KV is exact already (it always sits at position 0).
+Not in the paper: `segment_head` > 0 recomputes every segment's first tokens on top of the
+top-k (`ShallowSelection`, docs/design.md decision 9); default 0, the paper's selection.
 
 Extension (Sec. 2, "Extention", after Eq. 5; off unless `capacity` > 0): once the first token
 is picked, every layer and KV head keeps at most C = `capacity` rows — the system prompt S and

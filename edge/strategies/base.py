@@ -91,6 +91,13 @@ class Composed:
         return torch.cat([torch.arange(off, off + seg.n_tokens)
                           for seg, off in zip(self.segments, self.offsets)])
 
+    def segment_heads(self, tokens: int) -> torch.Tensor:
+        """The first `tokens` positions of every segment: where a segment prefilled alone
+        grew its attention sink (docs/design.md decision 9)."""
+        return torch.cat([torch.arange(off, off + min(tokens, seg.n_tokens))
+                          for seg, off in zip(self.segments, self.offsets)]
+                         + [torch.empty(0, dtype=torch.long)])
+
     def run_span(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, positions) of everything after the prefix — segments, fresh texts and the
         question — which is what a shallow-selection plan runs at layer 0."""

@@ -18,10 +18,18 @@ class ShallowSelection(ReuseStrategy):
     each context token, the top `ratio · n` are kept and, with the question, are the only
     tokens run from `layer + 1` on. Subclasses implement `score` (and `before` if they need
     the reused cache's state) only.
+
+    `segment_head` (in neither paper; docs/design.md decision 9, as SparseX's option of the
+    same name): the first tokens of every segment are recomputed whatever the score says, on
+    top of the ratio's top-k, which is then taken from the other tokens. A segment prefilled
+    alone carries an attention sink on its first tokens; left stale mid-prompt it pulls the
+    question's attention (measured in docs/results.md, hotpot-fixed on SmolLM2: A3's answers
+    that stop at a preamble). Default 0: the papers' method.
     """
 
     ratio: float = option(0.15, 0.0, 1.0, "share of the context's tokens recomputed")
     layer: int = option(1, 0, None, "layer whose attention/deviation picks the tokens")
+    segment_head: int = option(0, 0, None, "first tokens of each segment always recomputed")
 
     def before(self, rt, composed: Composed, cache) -> object:
         """State `score` needs from the cache before recompute overwrites it (optional)."""
@@ -41,15 +49,16 @@ class ShallowSelection(ReuseStrategy):
                                reserve=len(composed.question_ids) + reserve)
         state = self.before(rt, composed, cache)
         reused, fresh = composed.reused_positions(), composed.fresh_positions()
-        budget = round(self.ratio * reused.numel())
+        heads = torch.unique(composed.segment_heads(self.segment_head))
+        candidates = reused[~torch.isin(reused, heads)]
+        budget = min(round(self.ratio * reused.numel()), candidates.numel())
         chosen: list[torch.Tensor] = []
 
         def observe(layer, q, q_pos, cache_layer):
             if layer == self.layer and not chosen:
                 # the plan's positions are CPU tensors; the model's scores may be on a GPU
-                scores = self.score(rt, composed, state, q, q_pos, cache_layer)[reused].cpu()
-                top = torch.topk(scores, min(budget, scores.numel())).indices
-                chosen.append(reused[top])
+                scores = self.score(rt, composed, state, q, q_pos, cache_layer)[candidates].cpu()
+                chosen.append(torch.cat([candidates[torch.topk(scores, budget).indices], heads]))
 
         def active(layer, current):
             if layer <= self.layer:
@@ -57,4 +66,5 @@ class ShallowSelection(ReuseStrategy):
             return torch.sort(torch.cat([chosen[0], fresh])).values
 
         run_ids, run_pos = composed.run_span()
-        return Plan(cache, run_ids, run_pos, active, recomputed=budget, observe=observe)
+        return Plan(cache, run_ids, run_pos, active, recomputed=budget + heads.numel(),
+                    observe=observe)

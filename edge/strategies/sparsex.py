@@ -117,9 +117,8 @@ class SparseX(ReuseStrategy):
             last = composed.offsets[-1]
             picks.append(torch.arange(max(last, int(reused.max()) + 1 - TAIL_TOKENS),
                                       int(reused.max()) + 1))
-        for seg, off in zip(composed.segments, composed.offsets):
-            picks.append(torch.arange(off, off + min(self.segment_head, seg.n_tokens)))
-        picked = torch.cat(picks) if picks else torch.empty(0, dtype=torch.long)
+        picks.append(composed.segment_heads(self.segment_head))
+        picked = torch.cat(picks)
         return torch.unique(picked[torch.isin(picked, reused)])
 
     @staticmethod
