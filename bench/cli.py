@@ -346,6 +346,7 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
 
     from kvedge.bench.report import write_report
     from kvedge.bench.suites import Bench
+    from kvedge.common.fsutil import locked
 
     p = replace(apply_overrides(preset("quick" if quick else preset_name, model), **overrides),
                 kb_items=kb_items)
@@ -353,21 +354,24 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
         _check_names(None, None, [breakdown])
     out = Path(out_dir)
     results = out / "results.jsonl"
-    runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
-                   anchored=anchored, doc_tokens=doc_tokens, order=order,
-                   concurrent=concurrent, max_stall=max_stall, kb_base_codec=kb_base_codec,
-                   ingest_actors=ingest_actors, side_tensors=side_tensors,
-                   ceilings=out / "ceilings.jsonl",
-                   partial=out / "partial.jsonl", services=services_dir or out / "services",
-                   packs_dir=out / "packs" if keep_packs else None,
-                   scores_dir=out / "scores" if keep_packs else None)
-    try:
-        rows = run_grid(p, results, runner.run, codecs=codecs,
-                        progress=lambda cells: tqdm(cells, desc="cells"))
-    finally:
-        runner.close()
-    click.echo(f"{len(rows)} new cells → {results}")
-    click.echo(f"report: {write_report(results, out)}")
+    # one run per OUT: two would each rewrite partial.jsonl and race on the stores
+    with locked(results, wait=False):
+        runner = Bench(p.model, max_new_tokens=p.max_new_tokens, breakdown=breakdown or None,
+                       anchored=anchored, doc_tokens=doc_tokens, order=order,
+                       concurrent=concurrent, max_stall=max_stall,
+                       kb_base_codec=kb_base_codec, ingest_actors=ingest_actors,
+                       side_tensors=side_tensors, ceilings=out / "ceilings.jsonl",
+                       partial=out / "partial.jsonl",
+                       services=services_dir or out / "services",
+                       packs_dir=out / "packs" if keep_packs else None,
+                       scores_dir=out / "scores" if keep_packs else None)
+        try:
+            rows = run_grid(p, results, runner.run, codecs=codecs,
+                            progress=lambda cells: tqdm(cells, desc="cells"))
+        finally:
+            runner.close()
+        click.echo(f"{len(rows)} new cells → {results}")
+        click.echo(f"report: {write_report(results, out)}")
 
 
 @bench.command("tasks")

@@ -129,6 +129,11 @@ class StoreError(KvedgeError):
     """The pack store could not read or write a pack."""
 
 
+class InUse(KvedgeError):
+    """Another process holds what this one would write (two benchmark runs into one output
+    folder): wait for it to end, or write elsewhere."""
+
+
 class TLSError(KvedgeError):
     """A TLS connection could not be set up: one side speaks TLS and the other does not, the
     server's certificate is not trusted or names another host, or the certificate files are

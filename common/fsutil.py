@@ -25,6 +25,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
+from kvedge.common.errors import InUse
+
 
 def write_atomic(path: Path | str, data: bytes, mode: int | None = None) -> None:
     """Replace `path` with `data` all at once: readers see the old file or the new, whole.
@@ -66,15 +68,21 @@ def replace_durably(source: Path, target: Path) -> None:
 
 
 @contextmanager
-def locked(path: Path | str) -> Iterator[None]:
+def locked(path: Path | str, wait: bool = True) -> Iterator[None]:
     """Hold an exclusive lock on `path`'s sidecar `<name>.lock` (created owner-only) for the
     `with`. flock: each call opens its own descriptor, so threads of one process exclude each
-    other as processes do; the lock goes with the descriptor if the holder dies."""
+    other as processes do; the lock goes with the descriptor if the holder dies. `wait=False`:
+    `InUse` at once if another holder has it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise InUse(f"{path} is in use by another process (it holds {lock}): wait for it "
+                        "to finish, or use another path") from None
         yield
     finally:
         os.close(fd)  # releases the lock

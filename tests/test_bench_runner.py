@@ -577,3 +577,18 @@ def test_retrieved_order_puts_each_questions_best_document_last():
     row = bench_.run(Cell("reuse", FACTS, 3, "recompute", 1.0, 6, per_prompt=3))
     assert row["questions"] == 6
     assert sum(q["answer_at"] == q["documents"] - 1 for q in row["per_question"]) == last
+
+
+def test_a_second_run_into_the_same_out_is_refused_by_name_and_writes_nothing(tmp_path):
+    """Two `bench run`s into one OUT would each rewrite partial.jsonl: the second is refused
+    at once (`InUse`, exit 2), before it loads a model or touches the folder's files."""
+    from kvedge.apps.kvctl import kvctl
+    from kvedge.common.fsutil import locked
+
+    args = ["bench", "run", "--preset", "reuse", "--model", "tiny-llama", "--lengths", "2", "--items", "1",
+            "--max-new-tokens", "2", "--strategies", "recompute", "--out", str(tmp_path)]
+    with locked(tmp_path / "results.jsonl"):  # a run in progress holds this
+        out = CliRunner().invoke(kvctl, args)
+    assert out.exit_code == 2, out.output
+    assert "InUse" in out.output and str(tmp_path) in out.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl.lock"]
