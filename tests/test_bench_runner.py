@@ -585,8 +585,9 @@ def test_a_second_run_into_the_same_out_is_refused_by_name_and_writes_nothing(tm
     from kvedge.apps.kvctl import kvctl
     from kvedge.common.fsutil import locked
 
-    args = ["bench", "run", "--preset", "reuse", "--model", "tiny-llama", "--lengths", "2", "--items", "1",
-            "--max-new-tokens", "2", "--strategies", "recompute", "--out", str(tmp_path)]
+    args = ["bench", "run", "--preset", "reuse", "--model", "tiny-llama", "--lengths", "2",
+            "--items", "1", "--max-new-tokens", "2", "--strategies", "recompute",
+            "--out", str(tmp_path)]
     with locked(tmp_path / "results.jsonl"):  # a run in progress holds this
         out = CliRunner().invoke(kvctl, args)
     assert out.exit_code == 2, out.output

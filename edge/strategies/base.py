@@ -146,6 +146,22 @@ class ReuseStrategy:
         return Plan(cache, torch.tensor(composed.all_ids())[fresh], fresh)
 
 
+def top_k_plus(scores: torch.Tensor, reused: torch.Tensor, fixed: torch.Tensor,
+               budget: int) -> torch.Tensor:
+    """Sorted: the top-`budget` reused positions by `scores` (indexed by position) that are not
+    in `fixed`, plus `fixed` — selective recompute's set when some tokens are recomputed
+    whatever the scores say (SparseX's S_key ∪ S_ov ∪ S_tail, Alg. 1 lines 14–17; segment
+    heads)."""
+    candidates = reused[~torch.isin(reused, fixed)]
+    top = candidates[torch.topk(scores[candidates], min(budget, candidates.numel())).indices]
+    return torch.sort(torch.cat([top, fixed])).values
+
+
+def recomputed_count(reused: torch.Tensor, fixed: torch.Tensor, budget: int) -> int:
+    """How many context tokens `top_k_plus` returns (fixed ⊆ reused)."""
+    return min(budget, reused.numel() - fixed.numel()) + fixed.numel()
+
+
 def assemble_cache(rt, composed: Composed, *, realign: bool = True, reserve: int = 0,
                    seq_len: int | None = None) -> KVCache:
     """The prompt's cached KV as a runtime cache: prefix + every segment at its offset.

@@ -7,7 +7,8 @@ import torch
 
 from kvedge.common.errors import InvalidOption
 from kvedge.common.registry import option
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.edge.strategies.base import (Composed, Plan, ReuseStrategy, assemble_cache,
+                                         recomputed_count, top_k_plus)
 
 
 @dataclass
@@ -49,16 +50,15 @@ class ShallowSelection(ReuseStrategy):
                                reserve=len(composed.question_ids) + reserve)
         state = self.before(rt, composed, cache)
         reused, fresh = composed.reused_positions(), composed.fresh_positions()
-        heads = torch.unique(composed.segment_heads(self.segment_head))
-        candidates = reused[~torch.isin(reused, heads)]
-        budget = min(round(self.ratio * reused.numel()), candidates.numel())
+        heads = composed.segment_heads(self.segment_head)
+        budget = round(self.ratio * reused.numel())
         chosen: list[torch.Tensor] = []
 
         def observe(layer, q, q_pos, cache_layer):
             if layer == self.layer and not chosen:
                 # the plan's positions are CPU tensors; the model's scores may be on a GPU
-                scores = self.score(rt, composed, state, q, q_pos, cache_layer)[candidates].cpu()
-                chosen.append(torch.cat([candidates[torch.topk(scores, budget).indices], heads]))
+                scores = self.score(rt, composed, state, q, q_pos, cache_layer).cpu()
+                chosen.append(top_k_plus(scores, reused, heads, budget))
 
         def active(layer, current):
             if layer <= self.layer:
@@ -66,5 +66,5 @@ class ShallowSelection(ReuseStrategy):
             return torch.sort(torch.cat([chosen[0], fresh])).values
 
         run_ids, run_pos = composed.run_span()
-        return Plan(cache, run_ids, run_pos, active, recomputed=budget + heads.numel(),
-                    observe=observe)
+        return Plan(cache, run_ids, run_pos, active,
+                    recomputed=recomputed_count(reused, heads, budget), observe=observe)

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 
 from kvedge.common.registry import option
 from kvedge.edge.strategies.a3 import question_attention
-from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, assemble_cache
+from kvedge.edge.strategies.base import (Composed, Plan, ReuseStrategy, assemble_cache,
+                                         recomputed_count, top_k_plus)
 from kvedge.edge.strategies.registry import STRATEGIES
 
 TAIL_TOKENS = 64  # Alg. 1 line 16: "the last 64 query tokens of the final reuse segment"
@@ -87,7 +88,7 @@ class SparseX(ReuseStrategy):
         if ell == 0:
             all_ids = torch.tensor(composed.all_ids())
             scores = self.layer0_scores(rt, cache, all_ids[fresh], fresh).cpu()
-            chosen = self.recompute_set(scores, reused, fixed, budget)
+            chosen = top_k_plus(scores, reused, fixed, budget)
             run = torch.sort(torch.cat([chosen, fresh])).values
             return Plan(cache, all_ids[run], run, recomputed=chosen.numel())
         chosen: list[torch.Tensor] = []
@@ -97,14 +98,14 @@ class SparseX(ReuseStrategy):
                 is_q = torch.isin(q_pos, fresh.to(q_pos.device))
                 s = question_attention(q[:, :, is_q], q_pos[is_q], cache_layer, rt.scale,
                                        rt.layers[layer].window, composed.seq_len()).cpu()
-                chosen.append(self.recompute_set(s, reused, fixed, budget))
+                chosen.append(top_k_plus(s, reused, fixed, budget))
 
         def active(layer, current):
             return None if layer < ell else torch.sort(torch.cat([chosen[0], fresh])).values
 
         run_ids, run = composed.run_span()
-        recomputed = min(budget, reused.numel() - fixed.numel()) + fixed.numel()
-        return Plan(cache, run_ids, run, active, recomputed=recomputed, observe=observe)
+        return Plan(cache, run_ids, run, active,
+                    recomputed=recomputed_count(reused, fixed, budget), observe=observe)
 
     def fixed_set(self, composed: Composed, fresh: torch.Tensor,
                   reused: torch.Tensor) -> torch.Tensor:
@@ -120,15 +121,6 @@ class SparseX(ReuseStrategy):
         picks.append(composed.segment_heads(self.segment_head))
         picked = torch.cat(picks)
         return torch.unique(picked[torch.isin(picked, reused)])
-
-    @staticmethod
-    def recompute_set(scores: torch.Tensor, reused: torch.Tensor, fixed: torch.Tensor,
-                      budget: int) -> torch.Tensor:
-        """Sorted S_key ∪ fixed: the top-`budget` reused positions by s_j (Eq. 3) not
-        already fixed, plus the fixed ones."""
-        candidates = reused[~torch.isin(reused, fixed)]
-        top = candidates[torch.topk(scores[candidates], min(budget, candidates.numel())).indices]
-        return torch.sort(torch.cat([top, fixed])).values
 
     @staticmethod
     def layer0_scores(rt, cache, ids: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
