@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from statistics import median
 
 CLOCK = time.perf_counter  # --threads 1: this thread's CPU time (time.thread_time)
@@ -49,6 +49,16 @@ def uncut():
         attention.CUT_CHUNK = was
 
 
+def alternating(timed, repeats: int) -> tuple[float, float]:
+    """Median of `timed()` (its own seconds) uncut and cut, the two paths taking turns."""
+    times = {uncut: [], nullcontext: []}
+    for _ in range(repeats):
+        for path, seconds in times.items():
+            with path():
+                seconds.append(timed())
+    return median(times[uncut]), median(times[nullcontext])
+
+
 def measure(shape: tuple[int, int, int], n_keys: int, recomputed: list[int], repeats: int,
             seed: int = 0) -> dict:
     import torch
@@ -64,20 +74,15 @@ def measure(shape: tuple[int, int, int], n_keys: int, recomputed: list[int], rep
     def call():
         return gqa_attention(q, k, v, q_pos, k_pos, dim ** -0.5)
 
+    def timed() -> float:
+        start = CLOCK()
+        call()
+        return CLOCK() - start
+
     with uncut():
         before = call()
     after = call()
-    times = {"uncut": [], "cut": []}
-    for _ in range(repeats):
-        for name in times:
-            start = CLOCK()
-            if name == "uncut":
-                with uncut():
-                    call()
-            else:
-                call()
-            times[name].append(CLOCK() - start)
-    uncut_ms, cut_ms = (median(times[n]) * 1e3 for n in ("uncut", "cut"))
+    uncut_ms, cut_ms = (t * 1e3 for t in alternating(timed, repeats))
     return {"queries": len(recomputed), "keys": n_keys, "uncut_ms": uncut_ms, "cut_ms": cut_ms,
             "ratio": cut_ms / uncut_ms, "max_abs_diff": float((after - before).abs().max())}
 
@@ -106,12 +111,7 @@ def start_seconds(model: str, segments: int, tokens: int, boundary: int, repeats
         rt.forward(ids[chosen], chosen, cache, logits="none")
         return CLOCK() - start
 
-    times = {"uncut": [], "cut": []}
-    for _ in range(repeats):
-        with uncut():
-            times["uncut"].append(forward())
-        times["cut"].append(forward())
-    uncut_s, cut_s = median(times["uncut"]), median(times["cut"])
+    uncut_s, cut_s = alternating(forward, repeats)
     return {"tokens": n, "recomputed": len(chosen), "prefill_s": prefill_s, "uncut_s": uncut_s,
             "cut_s": cut_s, "ratio": cut_s / uncut_s}
 

@@ -162,16 +162,21 @@ def _query_chunks(q_pos: torch.Tensor, k_pos: torch.Tensor, may_cut: bool
     SmolLM2's weights legolink's whole forward at 30 segments went from 0.41 to 0.30 of the
     full prefill's time (docs/reuse.md, "Scattered queries")."""
     n_q, n_k = q_pos.numel(), k_pos.numel()
-    if may_cut and n_k > CUT_CHUNK and n_q > 1 and bool((k_pos[1:] >= k_pos[:-1]).all()):
-        ends = [min(s + CUT_CHUNK, n_q) for s in range(0, n_q, CUT_CHUNK)]
-        last = torch.stack([q_pos[s:e].max() for s, e in zip(range(0, n_q, CUT_CHUNK), ends)])
+    if may_cut and n_k > CUT_CHUNK and n_q > 1 and _ascending(k_pos):
+        spans = [(s, min(s + CUT_CHUNK, n_q)) for s in range(0, n_q, CUT_CHUNK)]
+        last = torch.stack([q_pos[s:e].max() for s, e in spans])
         cuts = torch.searchsorted(k_pos, last, right=True).clamp(min=1).tolist()  # ≥ 1 key
-        work = sum((e - s) * c for s, e, c in zip(range(0, n_q, CUT_CHUNK), ends, cuts))
-        if work <= 0.75 * n_q * n_k:
-            yield from zip(range(0, n_q, CUT_CHUNK), ends, cuts)
+        if sum((e - s) * c for (s, e), c in zip(spans, cuts)) <= 0.75 * n_q * n_k:
+            yield from ((s, e, c) for (s, e), c in zip(spans, cuts))
             return
     for start in range(0, n_q, QUERY_CHUNK):
         yield start, min(start + QUERY_CHUNK, n_q), None
+
+
+def _ascending(pos: torch.Tensor) -> bool:
+    """Positions in non-decreasing order (every cache's keys are; an empty or one-element
+    tensor is)."""
+    return bool((pos[1:] >= pos[:-1]).all())
 
 
 def _self_causal(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
@@ -206,7 +211,7 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos
                   k.float().transpose(1, 2)).view(h, g, tq, k.shape[1])
     if tq == 0 or k_pos.numel() == 0:
         return s  # nothing to weigh (no query, or no key: zeros)
-    if k_pos.numel() > 1 and not bool((k_pos[1:] >= k_pos[:-1]).all()):  # unsorted: mask all
+    if not _ascending(k_pos):  # unsorted: mask all
         mask = visible(q_pos, k_pos, window)
         s.masked_fill_(~mask, float("-inf"))
         sees = mask.any(-1)
