@@ -21,7 +21,7 @@ import click
 
 from kvedge.bench.datasets import DATASETS, FACTS, QUESTIONS_PER_PROMPT
 from kvedge.bench.real import HOTPOT_FIXED, HOTPOT_KB, SQUAD_EVICT
-from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings
+from kvedge.bench.runner import KVPRESS, Preset, run_grid, settings, todo_cells
 from kvedge.common.model.models import (AUTO_DECODE, DECODE_WEIGHTS, DEFAULT_MODEL,
                                         PROMPT_WEIGHTS)
 from kvedge.common.pack.codecs import DEFAULT_CODEC
@@ -333,9 +333,15 @@ def bench():
               "hotpot-fixed items: ~3 GB for Qwen2.5-0.5B in int8+zstd), and eviction "
               "scores in OUT/scores, so a resumed eviction cell or another budget reads "
               "them instead of scoring again (~0.8 MB per method and 4K-token context)")
+@click.option("--by-item", is_flag=True,
+              help="measure item-major: every cell's first item (ceilings first), then the "
+              "second, …, each kept in OUT/partial.jsonl as it is measured; a run cut off "
+              "leaves every cell's answers for the items it reached, so resuming needs only "
+              "partial.jsonl and ceilings.jsonl, not OUT/scores. For cells whose scoring is "
+              "slow (eviction at 4K tokens and more); items are taken one at a time")
 def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc_tokens, order,
             concurrent, max_stall, kb_base_codec, ingest_actors, kb_items, services_dir,
-            side_tensors, keep_packs, **overrides):
+            side_tensors, keep_packs, by_item, **overrides):
     """Run every cell not already in OUT/results.jsonl, then write OUT/report.md. Ceiling
     answers (recompute, full KV) are kept in OUT/ceilings.jsonl by model, item and prompt, so
     a later run into the same OUT pays only for the methods it adds; an unfinished cell's
@@ -366,6 +372,9 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
                        packs_dir=out / "packs" if keep_packs else None,
                        scores_dir=out / "scores" if keep_packs else None)
         try:
+            if by_item:
+                runner.run_by_item(todo_cells(p, results, codecs),
+                                   progress=lambda items: tqdm(items, desc="items"))
             rows = run_grid(p, results, runner.run, codecs=codecs,
                             progress=lambda cells: tqdm(cells, desc="cells"))
         finally:

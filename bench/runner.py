@@ -186,14 +186,20 @@ def done_keys(path: Path) -> set[str]:
             if line.strip()}
 
 
+def todo_cells(preset: Preset, out: Path,
+               codecs: Sequence[str] = (DEFAULT_CODEC,)) -> list[Cell]:
+    """The preset's cells (each setting once per codec of its packs) not yet in `out`."""
+    finished = done_keys(out)
+    return [c for c in preset.cells(*codecs) if c.key not in finished]
+
+
 def run_grid(preset: Preset, out: Path, run_cell: Callable[[Cell], dict],
              progress: Callable[[Iterator], Iterator] = iter,
              codecs: Sequence[str] = (DEFAULT_CODEC,)) -> list[dict]:
     """Run every cell not yet in `out` (JSON lines), each setting once per codec of its
     packs; returns the new rows."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    finished = done_keys(out)
-    todo = [c for c in preset.cells(*codecs) if c.key not in finished]
+    todo = todo_cells(preset, out, codecs)
     rows = []
     for cell in progress(todo):
         start = time.perf_counter()

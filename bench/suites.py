@@ -50,6 +50,7 @@ from kvedge.bench.runner import (KVPRESS, REFERENCE_CODEC, Cell, reuse_strategy,
 from kvedge.bench.scoring import score_question
 from kvedge.bench.tasks import Question
 from kvedge.bench.ttft import ttft_phases
+from kvedge.common.errors import InvalidRequest
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 from kvedge.edge import DEFAULT_STRATEGY
 from kvedge.edge.engine import ASK_PHASES
@@ -136,6 +137,7 @@ class Bench:
         self._measured: dict[str, tuple] = {}  # `_kept`'s: (tensors, seconds) by key
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
+        self._kept_here: set[str] = set()  # partial keys this process measured
         self._pack_store = PackStore(self.packs_dir or Path(self._folder.name) / "packs")
         self._score_store = None
         if self.scores_dir:
@@ -224,11 +226,35 @@ class Bench:
             self._partial.discard(self._partial_key(cell, i) for i in items)
         return row
 
+    def run_by_item(self, cells: list[Cell], progress=iter) -> list[Cell]:
+        """Measure `cells` item-major — the first item of every cell (its ceilings first),
+        then the second, … — keeping each item's rows in the partial store, where `run`
+        then reads them back (marked `resumed`). A run cut off thus leaves every cell's rows
+        for the items it reached, and a slow signal (ContrastKV's reconstruction) is probed
+        while its item is at hand: a later run, in another checkout, resumes from
+        `partial.jsonl` and `ceilings.jsonl` alone, with no kept scores. Questions are
+        asked one item at a time (`concurrent` still spans one context's questions).
+        kvpress's presses run in a process of their own per call, so they are left to
+        `run`; returns the cells measured here."""
+        if self._partial is None:
+            raise InvalidRequest("measuring item by item needs a partial store to keep "
+                                 "the rows in (Bench(partial=...))")
+        cells = [c for c in cells if not c.method.startswith(KVPRESS)]
+        items_of = [self._items(cell) for cell in cells]
+        for i in progress(range(max(map(len, items_of), default=0))):
+            for cell, items in zip(cells, items_of):
+                if i < len(items):
+                    self._run(cell, items[i:i + 1])
+                    if cell.suite == "evict":  # what `run` judges it against
+                        self._ceiling(items[i], replace(cell, codec=REFERENCE_CODEC))
+        return cells
+
     def _by_item(self, cell: Cell, items: list[QAItem], measure, submit=None,
                  threads: bool = False) -> list[dict]:
         """`measure(item)`'s rows for every item; with a partial store each item's rows are
-        kept as measured and read back (marked `resumed`, their timings from the process
-        that made them) when an earlier run of the cell stopped after them.
+        kept as measured and read back when an earlier run of the cell stopped after them
+        (marked `resumed`, their timings from the process that made them) or when this
+        process measured them item-major (`run_by_item`).
 
         With `concurrent` > 1 and `submit(item)` (the item's questions queued in the
         engine's scheduler: a list of `_submit`'s tuples with what each row adds), the
@@ -244,6 +270,7 @@ class Bench:
         def keep(i: int, key, rows: list[dict]) -> None:
             if key:
                 self._partial.put(key, items[i].key, rows)
+                self._kept_here.add(key)
             rows_of[i] = rows
 
         def read_oldest() -> None:
@@ -260,7 +287,9 @@ class Bench:
             for i, item in enumerate(items):
                 key = self._partial_key(cell, item) if self._partial is not None else None
                 rows = self._partial.get(key) if key else None
-                if rows is not None:
+                if rows is not None and key in self._kept_here:  # `run_by_item`'s
+                    rows_of[i] = rows
+                elif rows is not None:
                     rows_of[i] = [{**row, "resumed": True} for row in rows]
                 elif pool is None and (submit is None or self.concurrent == 1):
                     keep(i, key, measure(item))

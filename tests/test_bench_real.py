@@ -289,3 +289,60 @@ def test_a_cell_cut_off_resumes_at_its_first_unmeasured_item(fake_data, tmp_path
     assert epic["questions"] == 3 and epic["resumed"] == 2
     assert (tmp_path / "partial.jsonl").read_text() == ""
     assert "answers resumed from an unfinished run: epic 2" in (tmp_path / "report.md").read_text()
+
+
+def test_item_by_item_runs_resume_from_partial_and_ceilings_alone(fake_data, tmp_path,
+                                                                  monkeypatch):
+    """`--by-item` measures every cell's first item before any cell's second: cut off after
+    one item, partial.jsonl holds that item for every cell; copied with ceilings.jsonl into
+    a fresh folder (another checkout: no packs, no scores), the run finishes there with the
+    answers a plain cell-by-cell run gives."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from kvedge.bench import suites
+    from kvedge.bench.cli import bench
+    from kvedge.bench.report import load
+
+    def args(out, *more):
+        return ["run", "--suite", "evict", "--tasks", "ruler-niah", "--lengths", "128",
+                "--items", "2", "--methods", "full,snapkv,streamingllm", "--budgets", "0.5",
+                "--model", "tiny-llama", "--max-new-tokens", "2", "--out", str(out), *more]
+
+    evict, seen = suites.Bench._evict, []
+
+    def dies_on_the_second_item(self, item, method, budget, codec):
+        seen.append(item.key)
+        if len(set(seen)) == 2:
+            raise KeyboardInterrupt  # the session ends
+        return evict(self, item, method, budget, codec)
+
+    first = tmp_path / "first"
+    monkeypatch.setattr(suites.Bench, "_evict", dies_on_the_second_item)
+    cut = CliRunner().invoke(bench, args(first, "--by-item"))
+    assert cut.exit_code != 0 and "Aborted" in cut.output
+    assert not (first / "results.jsonl").exists() or not load(first / "results.jsonl")
+    # item 1 of each method's cell; full KV's, in fp16 and the default codec, are ceilings
+    assert len((first / "partial.jsonl").read_text().splitlines()) == 2
+    assert len((first / "ceilings.jsonl").read_text().splitlines()) == 2
+    assert len(set(seen)) == 2 and seen.index(seen[-1]) == len(seen) - 1  # item-major
+    monkeypatch.setattr(suites.Bench, "_evict", evict)
+
+    second = tmp_path / "second"
+    second.mkdir()
+    for kept in ("partial.jsonl", "ceilings.jsonl"):
+        shutil.copy(first / kept, second / kept)
+    out = CliRunner().invoke(bench, args(second, "--by-item"))
+    assert out.exit_code == 0, out.output
+    plain = CliRunner().invoke(bench, args(tmp_path / "plain"))
+    assert plain.exit_code == 0, plain.output
+    resumed = {r["method"]: r for r in load(second / "results.jsonl")}
+    whole = {r["method"]: r for r in load(tmp_path / "plain" / "results.jsonl")}
+    assert set(resumed) == set(whole) == {"full", "snapkv", "streamingllm"}
+    for method, row in resumed.items():
+        assert row["questions"] == 2
+        assert row.get("resumed", 0) == (0 if method == "full" else 1)  # item 1's, kept
+        assert [q["answer"] for q in row["per_question"]] == \
+            [q["answer"] for q in whole[method]["per_question"]]
+    assert (second / "partial.jsonl").read_text() == ""
