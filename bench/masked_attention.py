@@ -23,7 +23,6 @@ import time
 from contextlib import contextmanager, nullcontext
 from statistics import median
 
-CLOCK = time.perf_counter  # --threads 1: this thread's CPU time (time.thread_time)
 SHAPES = {"qwen2.5-0.5b": (2, 7, 64), "smollm2-135m": (3, 3, 64)}  # (KV heads, group, dim)
 
 
@@ -60,7 +59,9 @@ def alternating(timed, repeats: int) -> tuple[float, float]:
 
 
 def measure(shape: tuple[int, int, int], n_keys: int, recomputed: list[int], repeats: int,
-            seed: int = 0) -> dict:
+            seed: int = 0, clock=time.perf_counter) -> dict:
+    """One layer's call on random tensors, cut and uncut; `clock` times it (wall seconds,
+    or `time.thread_time`: this thread's CPU seconds)."""
     import torch
 
     from kvedge.common.model.attention import gqa_attention
@@ -75,9 +76,9 @@ def measure(shape: tuple[int, int, int], n_keys: int, recomputed: list[int], rep
         return gqa_attention(q, k, v, q_pos, k_pos, dim ** -0.5)
 
     def timed() -> float:
-        start = CLOCK()
+        start = clock()
         call()
-        return CLOCK() - start
+        return clock() - start
 
     with uncut():
         before = call()
@@ -88,9 +89,9 @@ def measure(shape: tuple[int, int, int], n_keys: int, recomputed: list[int], rep
 
 
 def start_seconds(model: str, segments: int, tokens: int, boundary: int, repeats: int,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, clock=time.perf_counter) -> dict:
     """legolink's forward (every layer, its recomputed tokens) cut and uncut, and the full
-    prefill of the same context, in seconds (CLOCK), on the model's own weights."""
+    prefill of the same context, in seconds of `clock`, on the model's own weights."""
     import torch
 
     from kvedge.common.model.models import load_model
@@ -100,16 +101,16 @@ def start_seconds(model: str, segments: int, tokens: int, boundary: int, repeats
     n = segments * tokens
     ids = torch.randint(0, rt.config.vocab_size, (n,),
                         generator=torch.Generator().manual_seed(seed))
-    start = CLOCK()
+    start = clock()
     pre = rt.prefill(ids, logits="none")
-    prefill_s = CLOCK() - start
+    prefill_s = clock() - start
     chosen = torch.tensor(legolink_positions(segments, tokens, boundary))
 
     def forward() -> float:
         cache = rt.dense_cache(pre.keys, pre.values, torch.arange(n))
-        start = CLOCK()
+        start = clock()
         rt.forward(ids[chosen], chosen, cache, logits="none")
-        return CLOCK() - start
+        return clock() - start
 
     uncut_s, cut_s = alternating(forward, repeats)
     return {"tokens": n, "recomputed": len(chosen), "prefill_s": prefill_s, "uncut_s": uncut_s,
@@ -128,9 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", help="also time legolink's whole forward on this model")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    if a.threads == 1:  # CPU seconds: what the call costs, less what a busy box adds
-        global CLOCK
-        CLOCK = time.thread_time
+    # one thread: its CPU seconds, what the call costs less what a busy box adds
+    clock = time.thread_time if a.threads == 1 else time.perf_counter
     print("| shape | queries | segments × tokens | keys | uncut ms | cut ms | cut / uncut "
           "| max abs Δ |")
     print("|---|---|---|---|---|---|---|---|")
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
                 "top-k 1/7": top_k_positions(segments, a.tokens)}
         for name, shape in SHAPES.items():
             for what, positions in sets.items():
-                r = measure(shape, segments * a.tokens, positions, a.repeats)
+                r = measure(shape, segments * a.tokens, positions, a.repeats, clock=clock)
                 print(f"| {name} | {what} ({r['queries']}) | {segments} × {a.tokens} "
                       f"| {r['keys']} | {r['uncut_ms']:.1f} | {r['cut_ms']:.1f} "
                       f"| {r['ratio']:.2f} | {r['max_abs_diff']:.1e} |", flush=True)
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
               "| uncut / prefill | cut / prefill |")
         print("|---|---|---|---|---|---|---|---|")
         for segments in (int(s) for s in a.segments.split(",")):
-            r = start_seconds(a.model, segments, a.tokens, a.boundary, max(1, a.repeats // 3))
+            r = start_seconds(a.model, segments, a.tokens, a.boundary, max(1, a.repeats // 3),
+                              clock=clock)
             print(f"| {segments} × {a.tokens} | {r['recomputed']} | {r['prefill_s']:.2f} "
                   f"| {r['uncut_s']:.2f} | {r['cut_s']:.2f} | {r['ratio']:.2f} "
                   f"| {r['uncut_s'] / r['prefill_s']:.3f} | {r['cut_s'] / r['prefill_s']:.3f} |",
