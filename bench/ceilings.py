@@ -55,11 +55,13 @@ class CeilingStore:
     def get(self, key: str) -> list[dict] | None:
         return self._rows.get(key)
 
-    def put(self, key: str, item_key: str, rows: list[dict]) -> None:
+    def put(self, key: str, item_key: str, rows: list[dict], **about) -> None:
+        """Keep `rows` under `key`; `about` (JSON values) goes into the line beside them
+        (a partial entry's cell and its ceiling's key: `kvedge.bench.unfinished`)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock, open(self.path, "ab") as f:
             torn = f.tell() and _last_byte(self.path) != b"\n"  # a crash cut the last line
-            line = json.dumps({"key": key, "item": item_key, "rows": rows}) + "\n"
+            line = json.dumps({"key": key, "item": item_key, **about, "rows": rows}) + "\n"
             f.write((b"\n" if torn else b"") + line.encode())
         self._rows[key] = rows
 

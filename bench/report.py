@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from kvedge.bench import noninferiority
+from kvedge.bench import noninferiority, unfinished
 from kvedge.bench.datasets import DATASETS
 from kvedge.bench.qa_report import qa_tables
 from kvedge.bench.real import HOTPOT_KB
@@ -568,11 +568,15 @@ def bytes_frontier_plot(rows: list[dict], path: Path, metric: str = "acc") -> Pa
 
 
 def write_report(results: Path, folder: Path) -> Path:
+    """report.md (and its plots) in `folder` from `results`' cells, with the unfinished
+    cells' answers so far where the run's partial.jsonl holds any (`unfinished`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = rebase_kvpress(load(results))
+    rows = rebase_kvpress(load(results)) if Path(results).exists() else []
     images = plots(rows, folder)
     md = folder / "report.md"
+    so_far = "\n".join(unfinished.table(Path(results).parent))
     md.write_text("# kvedge benchmark report\n\n" + f"results: `{results}` ({len(rows)} cells, "
                   f"model {rows[0]['model'] if rows else '?'})\n\n" + tables(rows) + "\n" +
+                  (so_far + "\n" if so_far else "") +
                   "".join(f"![{p.stem}]({p.name})\n" for p in images))
     return md

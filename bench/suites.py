@@ -268,8 +268,9 @@ class Bench:
                 and self.concurrent > 1 else None)
 
         def keep(i: int, key, rows: list[dict]) -> None:
-            if key:
-                self._partial.put(key, items[i].key, rows)
+            if key:  # with what `kvedge.bench.unfinished` reports them against
+                self._partial.put(key, items[i].key, rows, cell=cell.key,
+                                  ceiling=self._reference_key(cell, items[i]))
                 self._kept_here.add(key)
             rows_of[i] = rows
 
@@ -303,6 +304,13 @@ class Bench:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
         return [row for i in range(len(items)) for row in rows_of[i]]
+
+    def _reference_key(self, cell: Cell, item: QAItem) -> str:
+        """The ceiling entry (`ceilings.jsonl`) a cell's item is reported against: full KV
+        uncompressed (fp16) for eviction, as "of full KV" means; recompute for reuse."""
+        judge = (replace(cell, codec=REFERENCE_CODEC) if cell.suite == "evict"
+                 else self._ceiling_cell(cell))
+        return ceiling_key(item, **self._prompt_settings(judge))
 
     def _partial_key(self, cell: Cell, item: QAItem) -> str:
         """An unfinished cell's rows are kept under its ceiling key, the cell and, when its

@@ -304,6 +304,7 @@ def test_item_by_item_runs_resume_from_partial_and_ceilings_alone(fake_data, tmp
     from kvedge.bench import suites
     from kvedge.bench.cli import bench
     from kvedge.bench.report import load
+    from kvedge.bench.unfinished import unfinished
 
     def args(out, *more):
         return ["run", "--suite", "evict", "--tasks", "ruler-niah", "--lengths", "128",
@@ -328,6 +329,13 @@ def test_item_by_item_runs_resume_from_partial_and_ceilings_alone(fake_data, tmp
     assert len((first / "ceilings.jsonl").read_text().splitlines()) == 2
     assert len(set(seen)) == 2 and seen.index(seen[-1]) == len(seen) - 1  # item-major
     monkeypatch.setattr(suites.Bench, "_evict", evict)
+    so_far = {c["cell"].split("/")[3]: c for c in unfinished(first)}  # against fp16 full KV
+    assert set(so_far) == {"snapkv", "streamingllm"}
+    assert all(c["items"] == c["questions"] == c["score"]["questions"] == 1
+               for c in so_far.values())
+    report = CliRunner().invoke(bench, ["report", "--out", str(first)])
+    assert report.exit_code == 0, report.output
+    assert "## Unfinished cells, so far" in (first / "report.md").read_text()
 
     second = tmp_path / "second"
     second.mkdir()
@@ -346,3 +354,4 @@ def test_item_by_item_runs_resume_from_partial_and_ceilings_alone(fake_data, tmp
         assert [q["answer"] for q in row["per_question"]] == \
             [q["answer"] for q in whole[method]["per_question"]]
     assert (second / "partial.jsonl").read_text() == ""
+    assert unfinished(second) == [] and "Unfinished" not in (second / "report.md").read_text()

@@ -1,0 +1,86 @@
+"""What an unfinished run has measured so far: each cell in `OUT/partial.jsonl`, over the
+items it reached, against its ceiling on the same questions. Torch-free.
+
+A run cut off (`kvctl bench run --by-item` most of all, whose every cell advances together)
+keeps each item's answers in `partial.jsonl`, each entry naming its cell and the
+`ceilings.jsonl` entry it is judged against: full KV uncompressed for eviction (what "of
+full KV" means), recompute for reuse. `kvctl bench report` adds them as a section of their
+own. These are figures over the first items of the seeded order, not the cell's: the row the
+finished cell writes supersedes them, and fewer items mean wider intervals.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from kvedge.bench.bootstrap import paired_bootstrap
+
+METRICS = ("score", "f1", "contain")  # paired where every row on both sides has them
+
+
+def _entries(path: Path) -> list[dict]:
+    """A store's entries, the last of each key (a torn line, a crash's, is skipped)."""
+    if not path.exists():
+        return []
+    out: dict[str, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[entry["key"]] = entry
+    return list(out.values())
+
+
+def unfinished(folder: Path) -> list[dict]:
+    """Per cell with entries in `folder`/partial.jsonl whose ceiling `folder`/ceilings.jsonl
+    holds: {"cell", "items", "questions", and per metric of METRICS a paired bootstrap
+    (`Paired.to_dict`: the cell's mean, the ceiling's, the difference and the ratio with
+    their 95 % intervals, resampling items)}, cells in the order first kept. Entries from
+    before the bench named their cell are left out."""
+    refs = {e["key"]: e["rows"] for e in _entries(folder / "ceilings.jsonl")}
+    by_cell: dict[str, list[tuple[str, list[dict], list[dict]]]] = defaultdict(list)
+    for e in _entries(folder / "partial.jsonl"):
+        ref = refs.get(e.get("ceiling"))
+        if "cell" in e and ref is not None and len(ref) == len(e["rows"]):
+            by_cell[e["cell"]].append((e["item"], e["rows"], ref))
+    out = []
+    for cell, kept in by_cell.items():
+        rows = [r for _, own, _ in kept for r in own]
+        ceiling = [r for _, _, ref in kept for r in ref]
+        items = [item for item, own, _ in kept for _ in own]
+        summary = {"cell": cell, "items": len(kept), "questions": len(rows)}
+        for metric in METRICS:
+            a, b = [r.get(metric) for r in rows], [r.get(metric) for r in ceiling]
+            if rows and None not in a and None not in b:
+                summary[metric] = paired_bootstrap(a, b, clusters=items).to_dict()
+        out.append(summary)
+    return out
+
+
+def _fmt(paired: dict | None, what: str) -> str:
+    if not paired:
+        return "—"
+    low, high = paired["diff"][1:]
+    span = "" if low is None else f" [{low:+.3f}, {high:+.3f}]"
+    return f"{paired[what]:.3f}" if what != "diff" else f"{paired['diff'][0]:+.3f}{span}"
+
+
+def table(folder: Path) -> list[str]:
+    """Markdown lines: the unfinished cells so far (none: no lines)."""
+    cells = unfinished(folder)
+    if not cells:
+        return []
+    lines = ["## Unfinished cells, so far (OUT/partial.jsonl)", "",
+             "Each cell over the first items it reached, against its ceiling (full KV in "
+             "fp16 for eviction, recompute for reuse) on the same questions; 95 % paired "
+             "bootstrap intervals over items. The finished cell's row supersedes these.", "",
+             "| cell | items | questions | score | ceiling | score − ceiling | F1 | F1 − ceiling |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        score, f1 = c.get("score"), c.get("f1")
+        lines.append(f"| {c['cell']} | {c['items']} | {c['questions']} | {_fmt(score, 'mean')} "
+                     f"| {_fmt(score, 'ceiling')} | {_fmt(score, 'diff')} | {_fmt(f1, 'mean')} "
+                     f"| {_fmt(f1, 'diff')} |")
+    return lines + [""]
