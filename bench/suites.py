@@ -229,7 +229,8 @@ class Bench:
     def run_by_item(self, cells: list[Cell], progress=iter) -> list[Cell]:
         """Measure `cells` item-major — the first item of every cell (its ceilings first),
         then the second, … — keeping each item's rows in the partial store, where `run`
-        then reads them back (marked `resumed`). A run cut off thus leaves every cell's rows
+        then reads them back (not marked `resumed`: this process measured them; a later
+        run marks them so). A run cut off thus leaves every cell's rows
         for the items it reached, and a slow signal (ContrastKV's reconstruction) is probed
         while its item is at hand: a later run, in another checkout, resumes from
         `partial.jsonl` and `ceilings.jsonl` alone, with no kept scores. Questions are
