@@ -24,6 +24,10 @@ runs the runtime sections at toy sizes, which is how this script is tested):
    SDPA backend choice) and per prefill against transformers', at 1.3K and 8K tokens of
    context, and a profile of the decode step; the weights' bytes over the copy ceiling is
    the step's floor.
+6. **key_cut** — a partial recompute's scattered queries attended in chunks of 64, each over
+   the keys up to its last (`attention._query_chunks`), against one masked call over every
+   key: one layer, Qwen2.5-0.5B's heads, legolink's and a top-k set of queries, 10 and 30
+   segments; times and the largest difference.
 
 Prints one table per section last and writes everything to OUT/gpu_check.json.
 """
@@ -243,6 +247,47 @@ def realign_check(device, n_kv=8, dim=128, segments=20, tokens=512) -> dict:
 
 
 # ---------------------------------------------------------------------- main
+# ---------------------------------------------------------------------- 6. key cut
+def key_cut(device, quick: bool = False, tokens: int = 140) -> list[dict]:
+    """A partial recompute's scattered queries (`attention._query_chunks`: chunks of 64
+    queries, each over the keys up to its last) against the single masked call over every
+    key, on the device (bf16 on a GPU): one layer's `gqa_attention` with Qwen2.5-0.5B's
+    heads, legolink's queries and a top-k set (`kvedge.bench.masked_attention`), at 10 and
+    30 segments of `tokens`. On the CPU the cut saves 0.55–0.79× of a call; on a GPU it
+    makes ~N/64 kernel launches instead of one, which is what this measures."""
+    from kvedge.bench.masked_attention import (SHAPES, legolink_positions, top_k_positions,
+                                               uncut)
+    from kvedge.common.model.attention import gqa_attention
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    n_kv, group, dim = SHAPES["qwen2.5-0.5b"]
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for segments in (2,) if quick else (10, 30):
+        n = segments * tokens
+        for what, chosen in (("legolink", legolink_positions(segments, tokens, 20)),
+                             ("top-k 1/7", top_k_positions(segments, tokens))):
+            q = torch.randn(n_kv, group, len(chosen), dim, generator=gen).to(device, dtype)
+            k, v = (torch.randn(n_kv, n, dim, generator=gen).to(device, dtype)
+                    for _ in range(2))
+            q_pos = torch.tensor(chosen, device=device)
+            k_pos = torch.arange(n, device=device)
+
+            def call():
+                return gqa_attention(q, k, v, q_pos, k_pos, dim ** -0.5)
+
+            with uncut():
+                before = call()
+                uncut_ms = median_ms(call, device, repeats=5 if quick else 20)
+            after = call()
+            cut_ms = median_ms(call, device, repeats=5 if quick else 20)
+            rows.append({"queries": what, "n_queries": len(chosen), "keys": n,
+                         "dtype": str(dtype).split(".")[1], "uncut_ms": uncut_ms,
+                         "cut_ms": cut_ms, "cut_over_uncut": cut_ms / uncut_ms,
+                         "max_abs_diff": float((after.float() - before.float()).abs().max())})
+    return rows
+
+
 def _table(title: str, rows) -> str:
     if not rows:
         return f"## {title}: nothing\n"
@@ -298,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("static", lambda: gpu_runtime.static_check(device, args.quick), True),
                 ("sdpa", lambda: gpu_runtime.sdpa_probe(device), False),
                 ("realign", lambda: realign_check(device, **small), True),
-                ("runtime", lambda: gpu_runtime.runtime_check(device, args.quick), True)]
+                ("runtime", lambda: gpu_runtime.runtime_check(device, args.quick), True),
+                ("key_cut", lambda: key_cut(device, args.quick), True)]
     only = set(filter(None, args.only.split(",")))
     for name, run, on_cpu in sections:
         if (only and name not in only) or (device == "cpu" and not on_cpu):
@@ -322,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_table("kernels: worst ‖out − ref‖/‖ref‖ against float64",
                      _kernel_summary(result["kernels"])))
     for name in ("ceilings", "kernel_speed", "blocks", "graph", "static", "sdpa", "realign",
-                 "runtime"):
+                 "runtime", "key_cut"):
         if name in result:
             print(_table(name, result[name]))
     return 1 if any(k.endswith("_error") for k in result) else 0

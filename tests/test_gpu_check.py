@@ -5,7 +5,7 @@ from kvedge.bench.gpu_check import main
 
 
 def test_the_device_check_runs_its_cpu_sections(tmp_path):
-    rc = main(["--quick", "--only", "ceilings,realign,runtime", "--out", str(tmp_path)])
+    rc = main(["--quick", "--only", "ceilings,realign,runtime,key_cut", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rc == 0, {k: v for k, v in result.items() if k.endswith("_error")}
     assert result["ceilings"]["copy_GBps"] > 0
@@ -14,3 +14,6 @@ def test_the_device_check_runs_its_cpu_sections(tmp_path):
     fp32, bf16 = result["runtime"]
     assert fp32["dtype"] == "float32" and fp32["greedy_tokens_agree_first"] == 24
     assert fp32["prefill_argmax_equal"] and bf16["kvedge_vs_fp32_rel"] < 0.05
+    cut = result["key_cut"]
+    assert [r["queries"] for r in cut] == ["legolink", "top-k 1/7"]
+    assert all(r["max_abs_diff"] < 1e-5 and r["cut_ms"] > 0 for r in cut)
