@@ -30,7 +30,8 @@ QUERY_CHUNK = 256  # probe queries per vote call where votes add up ("sum", Snap
 # enough to stay in cache through the matmul, mask, softmax and max: one layer's votes for a
 # 2K-token reconstruction over 4K context keys (Qwen2.5-0.5B's heads, one thread) took
 # 0.62–0.81 s at 32 against 1.06–1.30 s at 256, the same bits. A sum keeps 256: other
-# chunks would add its terms in another order.
+# chunks would add its terms in another order. On the CPU only: a GPU is not short of cache
+# but of launches (32 queries a call would be ~8× the kernel launches), so it keeps 256.
 MAX_CHUNK = 32
 
 
@@ -102,9 +103,8 @@ def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str
         seen[context[:sink]] = True
         seen[context[span[0]:span[1]]] = True
 
-    step = MAX_CHUNK if reduce == "max" else QUERY_CHUNK
-
     def observe(layer, q, q_pos, cache_layer):
+        step = MAX_CHUNK if reduce == "max" and q.device.type == "cpu" else QUERY_CHUNK
         for start in range(0, q.shape[2], step):
             rows = slice(start, start + step)
             voters = q_pos[rows] - (last + 1) >= first_voter
