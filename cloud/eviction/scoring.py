@@ -25,14 +25,17 @@ from kvedge.common.model.attention import key_votes
 from kvedge.common.model.kvcache import truncate_cache
 
 QUERY_CHUNK = 256  # probe queries per vote call where votes add up ("sum", SnapKV's)
-# ... and where they take the maximum (KVzip, ContrastKV: Eq. 8). A maximum is exact however
-# the queries are split, and a chunk of 32 keeps each call's (group·32 × keys) scores small
-# enough to stay in cache through the matmul, mask, softmax and max: one layer's votes for a
-# 2K-token reconstruction over 4K context keys (Qwen2.5-0.5B's heads, one thread) took
-# 0.62–0.81 s at 32 against 1.06–1.30 s at 256, the same bits. A sum keeps 256: other
-# chunks would add its terms in another order. On the CPU only: a GPU is not short of cache
-# but of launches (32 queries a call would be ~8× the kernel launches), so it keeps 256.
-MAX_CHUNK = 32
+# ... and where they take the maximum (KVzip, ContrastKV: Eq. 8), on the CPU: one call per
+# layer, its queries through the softmax 8 at a time (`key_votes(chunk=)`), each head's keys
+# gathered once. A maximum does not depend on how the queries are split (a one-query step
+# may take another matmul kernel, an ulp off; 8 × the group rows gave the bits of one pass
+# on both models' head shapes), and 8 queries × the group keep each step's scores (56 × 4K fp32 on Qwen2.5-0.5B: 0.9 MB a head) in cache through the
+# matmul, mask, softmax and max. One layer's votes for a 2K-token reconstruction over 4K
+# context keys (Qwen2.5-0.5B's heads, one thread, medians of 7, beside a benchmark): 0.36 s
+# at 8, 0.43 at 16, 0.41 at 4, 0.49 at 2, 0.56 at 32, ~0.9–1.0 at 256 — the same bits. A
+# sum keeps 256 a call: other chunks would add its terms in another order. A GPU is short of
+# launches, not cache, and keeps 256 too.
+MAX_CHUNK = 8
 
 
 class SignalMemo:
@@ -104,16 +107,20 @@ def probe_scores(rt, cache, n_context: int, probe_ids: list[int], *, reduce: str
         seen[context[span[0]:span[1]]] = True
 
     def observe(layer, q, q_pos, cache_layer):
-        step = MAX_CHUNK if reduce == "max" and q.device.type == "cpu" else QUERY_CHUNK
-        for start in range(0, q.shape[2], step):
-            rows = slice(start, start + step)
+        if reduce == "max" and q.device.type == "cpu":  # one call, chunked inside
+            voters = q_pos - (last + 1) >= first_voter
+            if bool(voters.any()):
+                vote(layer, q[:, :, voters], q_pos[voters], cache_layer, MAX_CHUNK)
+            return
+        for start in range(0, q.shape[2], QUERY_CHUNK):
+            rows = slice(start, start + QUERY_CHUNK)
             voters = q_pos[rows] - (last + 1) >= first_voter
             if bool(voters.any()):
                 vote(layer, q[:, :, rows][:, :, voters], q_pos[rows][voters], cache_layer)
 
-    def vote(layer, q, q_pos, cache_layer):
+    def vote(layer, q, q_pos, cache_layer, chunk=None):
         got = key_votes(q, q_pos, cache_layer, rt.scale, rt.layers[layer].window, last + 1,
-                        reduce, seen)[:, context]
+                        reduce, seen, chunk)[:, context]
         mine = scores[layer]
         if reduce == "max":
             mine.copy_(torch.maximum(mine, got))

@@ -245,8 +245,8 @@ def attention_probs_reference(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Ten
 
 
 def key_votes(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float, window: int | None,
-              n_positions: int, reduce: str = "sum",
-              seen: torch.Tensor | None = None) -> torch.Tensor:
+              n_positions: int, reduce: str = "sum", seen: torch.Tensor | None = None,
+              chunk: int | None = None) -> torch.Tensor:
     """Attention each cached key gets from the queries q (Hkv, G, Nq, D) rotated at q_pos,
     per KV head, reduced over its grouped query heads and the queries: "sum" (SnapKV's vote)
     or "max" (KVzip Eq. 8). Returns (Hkv, n_positions) indexed by position, 0 where a head
@@ -254,7 +254,13 @@ def key_votes(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float, window:
     n_positions (e.g. a probe's own) are then left out. `seen` (bool, indexed by position <
     n_positions) narrows the keys below n_positions that enter the softmax (KVzip scores a
     long context chunk by chunk, each over its own keys); unseen ones vote 0. `layer` is a
-    cache layer (`heads()`)."""
+    cache layer (`heads()`). `chunk`: "max" only, the queries go through the softmax that
+    many at a time, each head's keys gathered once (the maximum of the same softmax rows,
+    though a matmul over very few rows may take another kernel, an ulp off; None: all at
+    once)."""
+    if chunk is not None and reduce != "max":
+        raise ValueError("key_votes: chunked queries only for reduce='max' (a sum's order "
+                         "would change)")
     votes = torch.zeros(q.shape[0], n_positions)
     for group in layer.heads():
         pos, keys, k_pos = group.positions.cpu(), group.keys, group.positions
@@ -262,8 +268,14 @@ def key_votes(q: torch.Tensor, q_pos: torch.Tensor, layer, scale: float, window:
             keep = (pos >= n_positions) | seen[pos.clamp(max=n_positions - 1)]
             pos, keys, k_pos = pos[keep], keys[:, keep.to(keys.device)], k_pos[keep.to(k_pos.device)]
         inside = int(torch.searchsorted(pos, torch.tensor(n_positions)))  # positions sorted
-        probs = attention_probs(q[group.kv_heads], keys, q_pos, k_pos, scale,
-                                window)[..., :inside]  # (h, G, Nq, inside)
-        got = probs.sum(dim=(1, 2)) if reduce == "sum" else probs.amax(dim=(1, 2))
-        votes[group.kv_heads][:, pos[:inside]] = got.cpu()
+        mine, step = q[group.kv_heads], chunk or max(q.shape[2], 1)
+        got = None
+        for start in range(0, q.shape[2], step):
+            rows = slice(start, start + step)
+            probs = attention_probs(mine[:, :, rows], keys, q_pos[rows], k_pos, scale,
+                                    window)[..., :inside]  # (h, G, rows, inside)
+            part = probs.sum(dim=(1, 2)) if reduce == "sum" else probs.amax(dim=(1, 2))
+            got = part if got is None else torch.maximum(got, part)
+        if got is not None:
+            votes[group.kv_heads][:, pos[:inside]] = got.cpu()
     return votes
