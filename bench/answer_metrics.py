@@ -19,6 +19,8 @@ from typing import Sequence
 from kvedge.bench.scoring import NoReferences
 
 QA_METRICS = ("em", "f1", "contain")
+PAIRED = ("score", *QA_METRICS)  # per-question metrics given paired bootstrap intervals
+#                                  against the ceiling (kvedge.bench.bootstrap)
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _UNSPLIT = ("yes", "no", "noanswer")  # the official F1 scores these all or nothing

@@ -41,16 +41,7 @@ class CeilingStore:
         self._lock = threading.Lock()  # hotpot-kb measures items from several threads
 
     def _read(self) -> dict[str, list[dict]]:
-        if not self.path.exists():
-            return {}
-        out = {}
-        for line in self.path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a crash
-                continue
-            out[entry["key"]] = entry["rows"]
-        return out
+        return {key: entry["rows"] for key, entry in read_entries(self.path).items()}
 
     def get(self, key: str) -> list[dict] | None:
         return self._rows.get(key)
@@ -78,6 +69,21 @@ class CeilingStore:
         tmp.replace(self.path)
         for key in keys:
             del self._rows[key]
+
+
+def read_entries(path: Path) -> dict[str, dict]:
+    """A store's entries by key, each the whole line ({"key", "item", "rows", ...}), the last
+    of a key winning; a torn line (a crash's) is skipped; no file: none."""
+    if not Path(path).exists():
+        return {}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash
+            continue
+        out[entry["key"]] = entry
+    return out
 
 
 def _entry_key(line: str) -> str | None:

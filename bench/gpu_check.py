@@ -246,7 +246,6 @@ def realign_check(device, n_kv=8, dim=128, segments=20, tokens=512) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------- main
 # ---------------------------------------------------------------------- 6. key cut
 def key_cut(device, quick: bool = False, tokens: int = 140) -> list[dict]:
     """A partial recompute's scattered queries (`attention._query_chunks`: chunks of 64
@@ -288,6 +287,7 @@ def key_cut(device, quick: bool = False, tokens: int = 140) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------------- main
 def _table(title: str, rows) -> str:
     if not rows:
         return f"## {title}: nothing\n"

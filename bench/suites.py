@@ -38,7 +38,7 @@ from statistics import median
 
 import torch
 
-from kvedge.bench.answer_metrics import QA_METRICS, qa_scores
+from kvedge.bench.answer_metrics import PAIRED, QA_METRICS, qa_scores
 from kvedge.bench.bootstrap import contexts_of, paired_bootstrap
 from kvedge.bench.ceilings import CeilingStore, ceiling_key
 from kvedge.bench.datasets import QAItem, load_items
@@ -70,8 +70,6 @@ PHASES = ("plan_s", "forward_s", "full_layers_s", "sparse_layers_s", "select_s",
 PER_QUESTION = ("item", "score", "first_token_s", "recomputed", "prompt_tokens",
                 "answer_at", "documents", "tokens", "new_tokens", "gold_retrieved", "answer",
                 "answer_s", "gap_s", *QA_METRICS)
-PAIRED = ("score", *QA_METRICS)  # per-question metrics given bootstrap intervals against the
-#                                  ceiling (kvedge.bench.bootstrap)
 
 
 @dataclass
@@ -220,7 +218,7 @@ class Bench:
         items = self._items(cell)
         row = self._run(cell, items)
         if cell.suite == "evict":
-            full = replace(cell, codec=REFERENCE_CODEC)
+            full = self._reference_cell(cell)
             row.update(against_full(row, [o for i in items for o in self._ceiling(i, full)]))
         if self._partial is not None:  # the row is the cell's record from here on
             self._partial.discard(self._partial_key(cell, i) for i in items)
@@ -246,8 +244,7 @@ class Bench:
             for cell, items in zip(cells, items_of):
                 if i < len(items):
                     self._run(cell, items[i:i + 1])
-                    if cell.suite == "evict":  # what `run` judges it against
-                        self._ceiling(items[i], replace(cell, codec=REFERENCE_CODEC))
+                    self._ceiling(items[i], self._reference_cell(cell))  # as `run` reads it
         return cells
 
     def _by_item(self, cell: Cell, items: list[QAItem], measure, submit=None,
@@ -306,12 +303,15 @@ class Bench:
                 pool.shutdown(cancel_futures=True)
         return [row for i in range(len(items)) for row in rows_of[i]]
 
+    def _reference_cell(self, cell: Cell) -> Cell:
+        """The ceiling a cell is reported against: full KV uncompressed (fp16) for
+        eviction, as "of full KV" means; recompute (`_ceiling_cell`) for reuse."""
+        return (replace(cell, codec=REFERENCE_CODEC) if cell.suite == "evict"
+                else self._ceiling_cell(cell))
+
     def _reference_key(self, cell: Cell, item: QAItem) -> str:
-        """The ceiling entry (`ceilings.jsonl`) a cell's item is reported against: full KV
-        uncompressed (fp16) for eviction, as "of full KV" means; recompute for reuse."""
-        judge = (replace(cell, codec=REFERENCE_CODEC) if cell.suite == "evict"
-                 else self._ceiling_cell(cell))
-        return ceiling_key(item, **self._prompt_settings(judge))
+        """The `ceilings.jsonl` entry a cell's item is reported against."""
+        return ceiling_key(item, **self._prompt_settings(self._reference_cell(cell)))
 
     def _partial_key(self, cell: Cell, item: QAItem) -> str:
         """An unfinished cell's rows are kept under its ceiling key, the cell and, when its

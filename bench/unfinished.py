@@ -10,38 +10,23 @@ finished cell writes supersedes them, and fewer items mean wider intervals.
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
+from kvedge.bench.answer_metrics import PAIRED
 from kvedge.bench.bootstrap import paired_bootstrap
-
-METRICS = ("score", "f1", "contain")  # paired where every row on both sides has them
-
-
-def _entries(path: Path) -> list[dict]:
-    """A store's entries, the last of each key (a torn line, a crash's, is skipped)."""
-    if not path.exists():
-        return []
-    out: dict[str, dict] = {}
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        out[entry["key"]] = entry
-    return list(out.values())
+from kvedge.bench.ceilings import read_entries
 
 
 def unfinished(folder: Path) -> list[dict]:
     """Per cell with entries in `folder`/partial.jsonl whose ceiling `folder`/ceilings.jsonl
-    holds: {"cell", "items", "questions", and per metric of METRICS a paired bootstrap
+    holds: {"cell", "items", "questions", and per metric of PAIRED a paired bootstrap
     (`Paired.to_dict`: the cell's mean, the ceiling's, the difference and the ratio with
     their 95 % intervals, resampling items)}, cells in the order first kept. Entries from
     before the bench named their cell are left out."""
-    refs = {e["key"]: e["rows"] for e in _entries(folder / "ceilings.jsonl")}
+    refs = {key: e["rows"] for key, e in read_entries(folder / "ceilings.jsonl").items()}
     by_cell: dict[str, list[tuple[str, list[dict], list[dict]]]] = defaultdict(list)
-    for e in _entries(folder / "partial.jsonl"):
+    for e in read_entries(folder / "partial.jsonl").values():
         ref = refs.get(e.get("ceiling"))
         if "cell" in e and ref is not None and len(ref) == len(e["rows"]):
             by_cell[e["cell"]].append((e["item"], e["rows"], ref))
@@ -51,7 +36,7 @@ def unfinished(folder: Path) -> list[dict]:
         ceiling = [r for _, _, ref in kept for r in ref]
         items = [item for item, own, _ in kept for _ in own]
         summary = {"cell": cell, "items": len(kept), "questions": len(rows)}
-        for metric in METRICS:
+        for metric in PAIRED:  # where every row on both sides has it
             a, b = [r.get(metric) for r in rows], [r.get(metric) for r in ceiling]
             if rows and None not in a and None not in b:
                 summary[metric] = paired_bootstrap(a, b, clusters=items).to_dict()
@@ -76,7 +61,8 @@ def table(folder: Path) -> list[str]:
              "Each cell over the first items it reached, against its ceiling (full KV in "
              "fp16 for eviction, recompute for reuse) on the same questions; 95 % paired "
              "bootstrap intervals over items. The finished cell's row supersedes these.", "",
-             "| cell | items | questions | score | ceiling | score − ceiling | F1 | F1 − ceiling |",
+             "| cell | items | questions | score | ceiling | score − ceiling | F1 "
+             "| F1 − ceiling |",
              "|---|---|---|---|---|---|---|---|"]
     for c in cells:
         score, f1 = c.get("score"), c.get("f1")

@@ -29,12 +29,13 @@ QUERY_CHUNK = 256  # probe queries per vote call where votes add up ("sum", Snap
 # layer, its queries through the softmax 8 at a time (`key_votes(chunk=)`), each head's keys
 # gathered once. A maximum does not depend on how the queries are split (a one-query step
 # may take another matmul kernel, an ulp off; 8 × the group rows gave the bits of one pass
-# on both models' head shapes), and 8 queries × the group keep each step's scores (56 × 4K fp32 on Qwen2.5-0.5B: 0.9 MB a head) in cache through the
-# matmul, mask, softmax and max. One layer's votes for a 2K-token reconstruction over 4K
-# context keys (Qwen2.5-0.5B's heads, one thread, medians of 7, beside a benchmark): 0.36 s
-# at 8, 0.43 at 16, 0.41 at 4, 0.49 at 2, 0.56 at 32, ~0.9–1.0 at 256 — the same bits. A
-# sum keeps 256 a call: other chunks would add its terms in another order. A GPU is short of
-# launches, not cache, and keeps 256 too.
+# on both models' head shapes), and 8 queries × the group keep each step's scores (56 × 4K
+# fp32 on Qwen2.5-0.5B: 0.9 MB a head) in cache through the matmul, mask, softmax and max.
+# One layer's votes for a 2K-token reconstruction over 4K context keys (Qwen2.5-0.5B's
+# heads, one thread, medians of 7, beside a benchmark): 0.36 s at 8, 0.43 at 16, 0.41 at 4,
+# 0.49 at 2, 0.56 at 32, ~0.9–1.0 at 256 — the same bits. A sum keeps 256 a call: other
+# chunks would add its terms in another order. A GPU is short of launches, not cache, and
+# keeps 256 too.
 MAX_CHUNK = 8
 
 
