@@ -31,11 +31,12 @@ QUERY_CHUNK = 256  # probe queries per vote call where votes add up ("sum", Snap
 # may take another matmul kernel, an ulp off; 8 × the group rows gave the bits of one pass
 # on both models' head shapes), and 8 queries × the group keep each step's scores (56 × 4K
 # fp32 on Qwen2.5-0.5B: 0.9 MB a head) in cache through the matmul, mask, softmax and max.
-# One layer's votes for a 2K-token reconstruction over 4K context keys (Qwen2.5-0.5B's
-# heads, one thread, medians of 7, beside a benchmark): 0.36 s at 8, 0.43 at 16, 0.41 at 4,
-# 0.49 at 2, 0.56 at 32, ~0.9–1.0 at 256 — the same bits. A sum keeps 256 a call: other
-# chunks would add its terms in another order. A GPU is short of launches, not cache, and
-# keeps 256 too.
+# One layer's votes for a 2K-token reconstruction over 4K context keys on Qwen2.5-0.5B's
+# heads, one thread, thread CPU time (`python -m kvedge.bench.key_votes --chunks
+# 8,4,16,32,256 --rounds 9`, the box idle, two runs): 0.55–0.67 s at 8, level with 4, 16
+# and 32 (0.94–1.18×), and 1.66–1.99× that at 256 — the same votes. A sum keeps 256 a call:
+# other chunks would add its terms in another order. A GPU is short of launches, not cache,
+# and keeps 256 too.
 MAX_CHUNK = 8
 
 
