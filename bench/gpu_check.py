@@ -28,6 +28,11 @@ runs the runtime sections at toy sizes, which is how this script is tested):
    the keys up to its last (`attention._query_chunks`), against one masked call over every
    key: one layer, Qwen2.5-0.5B's heads, legolink's and a top-k set of queries, 10 and 30
    segments; times and the largest difference.
+7. **key_votes** — eviction's max votes (KVzip's reconstruction, ContrastKV's positive
+   signal: `key_votes(reduce="max")`) for one layer, Qwen2.5-0.5B's heads, a 2K-token probe
+   over 4K and 16K context keys, with the queries through the softmax all at once, 8 at a
+   time (the CPU's `scoring.MAX_CHUNK`) and 256 at a time (what the scorer keeps on a GPU,
+   unmeasured until this runs): times and the largest difference from all at once.
 
 Prints one table per section last and writes everything to OUT/gpu_check.json.
 """
@@ -287,6 +292,30 @@ def key_cut(device, quick: bool = False, tokens: int = 140) -> list[dict]:
     return rows
 
 
+def key_votes_chunks(device, quick: bool = False) -> list[dict]:
+    """One layer's max votes at each query chunk on the device (`kvedge.bench.key_votes`'s
+    layer; bf16 on a GPU, as the runtime keeps its queries and keys there): milliseconds and
+    the largest difference from one pass over every query. On the CPU 8 at a time costs
+    0.50–0.60× of 256 (docs/eviction.md); on a GPU, with no cache to fit, the question is
+    the launches: ~probe/8 softmaxes against probe/256."""
+    from kvedge.bench.key_votes import layer_and_probe, votes
+    from kvedge.cloud.eviction.scoring import MAX_CHUNK, QUERY_CHUNK
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    rows = []
+    for context, probe in ((96, 40),) if quick else ((4096, 2048), (16384, 2048)):
+        layer, q, q_pos = layer_and_probe(context, probe, 2, 7, 64, device=device, dtype=dtype)
+        whole = votes(layer, q, q_pos, context, None)
+        for chunk in (None, MAX_CHUNK, QUERY_CHUNK):
+            got = votes(layer, q, q_pos, context, chunk)
+            ms = median_ms(lambda: votes(layer, q, q_pos, context, chunk), device,
+                           repeats=3 if quick else 10)
+            rows.append({"context": context, "probe": probe, "chunk": chunk or probe,
+                         "dtype": str(dtype).split(".")[1], "ms": ms,
+                         "max_abs_diff": float((got.float() - whole.float()).abs().max())})
+    return rows
+
+
 # ---------------------------------------------------------------------- main
 def _table(title: str, rows) -> str:
     if not rows:
@@ -344,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("sdpa", lambda: gpu_runtime.sdpa_probe(device), False),
                 ("realign", lambda: realign_check(device, **small), True),
                 ("runtime", lambda: gpu_runtime.runtime_check(device, args.quick), True),
-                ("key_cut", lambda: key_cut(device, args.quick), True)]
+                ("key_cut", lambda: key_cut(device, args.quick), True),
+                ("key_votes", lambda: key_votes_chunks(device, args.quick), True)]
     only = set(filter(None, args.only.split(",")))
     for name, run, on_cpu in sections:
         if (only and name not in only) or (device == "cpu" and not on_cpu):
@@ -368,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_table("kernels: worst ‖out − ref‖/‖ref‖ against float64",
                      _kernel_summary(result["kernels"])))
     for name in ("ceilings", "kernel_speed", "blocks", "graph", "static", "sdpa", "realign",
-                 "runtime", "key_cut"):
+                 "runtime", "key_cut", "key_votes"):
         if name in result:
             print(_table(name, result[name]))
     return 1 if any(k.endswith("_error") for k in result) else 0

@@ -20,22 +20,24 @@ import time
 
 
 def layer_and_probe(context: int, probe: int, kv_heads: int, group: int, head_dim: int,
-                    seed: int = 0):
+                    seed: int = 0, device="cpu", dtype=None):
     """A dense cache layer of `context + probe` keys (the probe's own last) and the probe's
-    queries (kv_heads, group, probe, head_dim) at positions context.."""
+    queries (kv_heads, group, probe, head_dim) at positions context.., on `device`."""
     import torch
 
     from kvedge.common.model.kvcache import DenseKV
 
     gen = torch.Generator().manual_seed(seed)
     n = context + probe
-    layer = DenseKV(torch.randn(kv_heads, n, head_dim, generator=gen),
-                    torch.randn(kv_heads, n, head_dim, generator=gen), torch.arange(n))
-    q = torch.randn(kv_heads, group, probe, head_dim, generator=gen)
-    return layer, q, torch.arange(context, n)
+    to = {"device": device, "dtype": dtype or torch.float32}
+    layer = DenseKV(torch.randn(kv_heads, n, head_dim, generator=gen).to(**to),
+                    torch.randn(kv_heads, n, head_dim, generator=gen).to(**to),
+                    torch.arange(n, device=device))
+    q = torch.randn(kv_heads, group, probe, head_dim, generator=gen).to(**to)
+    return layer, q, torch.arange(context, n, device=device)
 
 
-def votes(layer, q, q_pos, context: int, chunk: int):
+def votes(layer, q, q_pos, context: int, chunk: int | None):
     from kvedge.common.model.attention import key_votes
 
     return key_votes(q, q_pos, layer, q.shape[-1] ** -0.5, None, context, "max", None, chunk)

@@ -5,7 +5,8 @@ from kvedge.bench.gpu_check import main
 
 
 def test_the_device_check_runs_its_cpu_sections(tmp_path):
-    rc = main(["--quick", "--only", "ceilings,realign,runtime,key_cut", "--out", str(tmp_path)])
+    rc = main(["--quick", "--only", "ceilings,realign,runtime,key_cut,key_votes",
+               "--out", str(tmp_path)])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rc == 0, {k: v for k, v in result.items() if k.endswith("_error")}
     assert result["ceilings"]["copy_GBps"] > 0
@@ -17,3 +18,6 @@ def test_the_device_check_runs_its_cpu_sections(tmp_path):
     cut = result["key_cut"]
     assert [r["queries"] for r in cut] == ["legolink", "top-k 1/7"]
     assert all(r["max_abs_diff"] < 1e-5 and r["cut_ms"] > 0 for r in cut)
+    chunks = result["key_votes"]
+    assert [r["chunk"] for r in chunks] == [40, 8, 256]
+    assert all(r["max_abs_diff"] < 1e-6 and r["ms"] > 0 for r in chunks)
