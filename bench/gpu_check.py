@@ -307,7 +307,7 @@ def key_votes_chunks(device, quick: bool = False) -> list[dict]:
         layer, q, q_pos = layer_and_probe(context, probe, 2, 7, 64, device=device, dtype=dtype)
         whole = votes(layer, q, q_pos, context, None)
         for chunk in (None, MAX_CHUNK, QUERY_CHUNK):
-            got = votes(layer, q, q_pos, context, chunk)
+            got = whole if chunk is None else votes(layer, q, q_pos, context, chunk)
             ms = median_ms(lambda: votes(layer, q, q_pos, context, chunk), device,
                            repeats=3 if quick else 10)
             rows.append({"context": context, "probe": probe, "chunk": chunk or probe,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvedge.bench.ceilings import CeilingStore
-from kvedge.bench.real.heldout import HOTPOT_HELDOUT_FROM, squad_heldout_from
+from kvedge.bench.real.heldout import tuning_range
 
 REFERENCE = Path(__file__).resolve().parents[1] / "bench" / "reference"
 STORES = sorted(REFERENCE.glob("*/ceilings.jsonl"))
@@ -14,13 +14,15 @@ GENERATED = ("ruler-niah",)  # seeded generators over the essays: no questions, 
 
 
 def _in_tuning_split(dataset: str, index: int) -> bool:
-    if dataset == "hotpotqa":
-        return index < HOTPOT_HELDOUT_FROM
-    if dataset == "squad":
-        from kvedge.bench.real.squad import squad_size
-        return index < squad_heldout_from(squad_size())
-    assert dataset in GENERATED, f"teach this test {dataset}'s split"
-    return True
+    """The loaders' own rule (`heldout.tuning_range`) over the file's real size."""
+    from kvedge.bench.real.hotpotqa import hotpot_size
+    from kvedge.bench.real.squad import squad_size
+
+    if dataset in GENERATED:
+        return True
+    sizes = {"hotpotqa": hotpot_size, "squad": squad_size}
+    assert dataset in sizes, f"teach this test {dataset}'s split"
+    return index in tuning_range(dataset, sizes[dataset]())
 
 
 def test_there_are_reference_stores():
