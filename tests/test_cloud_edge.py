@@ -407,6 +407,38 @@ def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path, strate
                                strategy=strategy))[-1].tokens == 2
 
 
+def test_recompute_reads_the_manifests_token_ids_and_decodes_no_pack(cloud, tmp_path,
+                                                                     monkeypatch):
+    """recompute prefills the prompt's tokens: the edge hands it the packs opened, their
+    verified manifests giving the ids, and decodes none of their tensors (what the ceiling's
+    TTFT would otherwise count); the answer is the one over packs decoded whole."""
+    from kvedge.common.pack.format import Pack
+    from kvedge.edge.strategies.recompute import Recompute
+
+    loaded = load_model(MODEL)
+    with CloudClient(cloud["address"], cloud["token"]) as c:
+        upload_ready(c, write_kb(tmp_path / "kb", {"a.md": "The gamma code is 4411.\n",
+                                                   "b.md": "The delta code is 9020.\n"}), "ids")
+        target = Target("default", "ids")
+        cache = PackCache(tmp_path / "packs", loaded.fingerprint)
+        Syncer(c, cache, tmp_path, [target], loaded.tokenizer.decode).sync_once()
+
+    def ask(strategy):
+        engine = EdgeEngine(loaded, PackCache(tmp_path / "packs", loaded.fingerprint), tmp_path)
+        done = list(engine.ask(target, "gamma code?", top_k=2, max_new_tokens=4,
+                               strategy=strategy))[-1]
+        return done.answer, done.recomputed_tokens
+
+    pie = ask("pie")  # decodes both packs whole: Pack.context works here
+    decoded = []
+    real = Pack.context
+    monkeypatch.setattr(Pack, "context", lambda self: decoded.append(self) or real(self))
+    answer, recomputed = ask("recompute")
+    assert decoded == [] and recomputed > 0 and pie[1] == 0
+    monkeypatch.setattr(Recompute, "block_granular", False)  # the packs decoded whole
+    assert ask("recompute") == (answer, recomputed) and len(decoded) == 2
+
+
 def test_edge_keeps_answering_when_the_cloud_is_down(edge, cloud, tmp_path):
     loaded = load_model(MODEL)
     with CloudClient("127.0.0.1:1", cloud["token"]) as dead:  # nothing listens there
