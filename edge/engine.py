@@ -36,12 +36,13 @@ from kvedge.edge import variants
 from kvedge.edge.answer import Answer
 from kvedge.edge.arriving import ArrivingSegment
 from kvedge.edge.fetch_or_compute import FetchOrCompute, Sourced
-from kvedge.edge.local_prefill import LocalPrefill
+from kvedge.edge.local_prefill import LocalPrefill, LocalSegment
 from kvedge.edge.retrieval import BM25Index
 from kvedge.edge.scheduler import Job, Scheduler
 from kvedge.edge.sessions import PrefixCache, PrefixKV
 from kvedge.edge.strategies import DEFAULT_STRATEGY, Composed, get_strategy
-from kvedge.edge.sync import Target, manifest_path
+from kvedge.edge.strategies.base import TokenSegment
+from kvedge.edge.sync import Target, decode_ids, manifest_path
 
 log = logging.getLogger("kvedge.edge")
 INSTRUCTION = "Answer the question using the documents above. Answer briefly."
@@ -70,6 +71,8 @@ class AskResult:
     tpot_s: float
     tokens: int
     segments: list[int]
+    # the packs' bytes the answer read (segments computed on the edge, or given to recompute
+    # as token ids, read none)
     bytes_loaded: int
     fp16_bytes: int
     strategy: str
@@ -338,14 +341,14 @@ class EdgeEngine:
                                        self.sessions if prefix is not None else None))
 
         with self.cache.hold(m["pack_id"] for m in metas):
-            event = yield from self._run(target, metas, question, chosen.block_granular, job,
-                                         below, instruction, marks)
+            event = yield from self._run(target, metas, question, chosen, job, below,
+                                         instruction, marks)
         if keep:
             self.keep_turn(kept, event["answer"])
         yield AskResult(
             answer=event["answer"], ttft_s=event["first_token_s"], tpot_s=event["tpot_s"],
             tokens=event["tokens"], segments=[m["index"] for m in metas],
-            bytes_loaded=sum(m["pack_bytes"] for m in metas),
+            bytes_loaded=event["bytes_loaded"],
             fp16_bytes=self.kv_shape.fp16_bytes(sum(m["n_tokens"] for m in metas)),
             strategy=chosen.name,
             prompt_tokens=event["prompt_tokens"], recomputed_tokens=event["recomputed"],
@@ -384,7 +387,7 @@ class EdgeEngine:
         ids = Conversation("", chat.history + turn, chat.system).prefix_ids(self.tok)
         self.scheduler.when_idle(lambda rt: self.sessions.kv(rt, ids))
 
-    def _run(self, target: Target, metas: list[dict], question: str, granular: bool, job,
+    def _run(self, target: Target, metas: list[dict], question: str, chosen, job,
              below: list[dict], instruction: str, marks: dict):
         """Yield the answer's pieces; return its costs dict. Damage found in a pack while the
         answer decodes its rows (block-granular strategies decode them in the scheduler,
@@ -398,8 +401,9 @@ class EdgeEngine:
         while True:
             sent = False
             try:
-                segments, sourced = self._segments(target, metas, granular, choose=True,
-                                                   overlap=overlap)
+                segments, sourced = self._segments(target, metas, chosen.block_granular,
+                                                   choose=True, overlap=overlap,
+                                                   kv=chosen.reads_kv)
             except (PackUnavailable, PackCorrupt) as err:  # an arriving pack's manifest
                 if not overlap:
                     raise
@@ -414,7 +418,10 @@ class EdgeEngine:
                     if isinstance(event, str):
                         sent = True
                         yield event
-                return {**event, "fetched_segments": [m["index"] for m in sourced.fetched],
+                read = [m for m, seg in zip(metas, segments)
+                        if not isinstance(seg, (TokenSegment, LocalSegment))]
+                return {**event, "bytes_loaded": sum(m["pack_bytes"] for m in read),
+                        "fetched_segments": [m["index"] for m in sourced.fetched],
                         "computed_segments": [m["index"] for m in sourced.computed]}
             except PackUnavailable as err:
                 if not overlap or sent:
@@ -493,14 +500,19 @@ class EdgeEngine:
             self.prefetcher.offer(target.namespace, metas)
 
     def _segments(self, target: Target, metas: list[dict], granular: bool,
-                  choose: bool = False, overlap: bool = False) -> tuple[list, Sourced]:
+                  choose: bool = False, overlap: bool = False,
+                  kv: bool = True) -> tuple[list, Sourced]:
         """Each segment's pack, decoded (`granular`: opened), missing ones fetched first —
         or, with `choose` and fetch-or-compute on, prefilled on the edge where that is
         sooner (a `LocalSegment`, computed when the answer starts); and where the missing
         ones came from. With `overlap`, a missing pack read decoded is an `ArrivingSegment`
         as soon as its manifest is in, every transfer under way at once (layer l of each
-        arrives about together)."""
-        missing = [m for m in metas if not self.cache.has(m["pack_id"])]
+        arrives about together). Without `kv` (a strategy that reads token ids only) a
+        segment whose ids the local manifest holds is a `TokenSegment`: no pack read."""
+        tokens = {m["pack_id"]: TokenSegment(m["pack_id"], decode_ids(m["token_ids"]))
+                  for m in metas if not kv and "token_ids" in m}
+        missing = [m for m in metas
+                   if m["pack_id"] not in tokens and not self.cache.has(m["pack_id"])]
         local = self._computed(target, missing) if choose else {}
         fetch = [m for m in missing if m["pack_id"] not in local]
         read = self.cache.segment if granular else self.cache.load
@@ -508,7 +520,8 @@ class EdgeEngine:
         arriving = self._arriving(target, fetch) if overlap and decode and fetch else {}
         if self.stream and self.fetcher is not None and len(fetch) > 1 and not arriving:
             self.fetcher.fetch_in_order(target.namespace, [m["pack_id"] for m in fetch], decode)
-        segments = [local[m["pack_id"]] if m["pack_id"] in local
+        segments = [tokens[m["pack_id"]] if m["pack_id"] in tokens
+                    else local[m["pack_id"]] if m["pack_id"] in local
                     else ArrivingSegment(arriving[m["pack_id"]]) if m["pack_id"] in arriving
                     else self._read_or_compute(target, m, read, fetch, decode, local)
                     for m in metas]

@@ -246,7 +246,8 @@ def test_ask_streams_an_answer_with_timings(edge, strategy):
     assert "".join(e for e in events[:-1]) == done.answer or done.answer.startswith(
         "".join(e for e in events[:-1]).strip()[:1])
     assert done.tokens == 6 and done.ttft_s > 0 and len(done.segments) == 2
-    assert done.bytes_loaded > 0 and done.fp16_bytes > 0
+    # recompute reads the synced token ids, no pack
+    assert (done.bytes_loaded > 0) == (strategy != "recompute") and done.fp16_bytes > 0
     local = edge["syncer"].local(Target("default", "served"))["segments"]
     n_context = sum(local[i]["n_tokens"] for i in done.segments)
     sizes = [local[i]["n_tokens"] for i in done.segments]
@@ -407,11 +408,12 @@ def test_a_pack_corrupted_on_the_edges_disk_is_refetched(cloud, tmp_path, strate
                                strategy=strategy))[-1].tokens == 2
 
 
-def test_recompute_reads_the_manifests_token_ids_and_decodes_no_pack(cloud, tmp_path,
-                                                                     monkeypatch):
-    """recompute prefills the prompt's tokens: the edge hands it the packs opened, their
-    verified manifests giving the ids, and decodes none of their tensors (what the ceiling's
-    TTFT would otherwise count); the answer is the one over packs decoded whole."""
+def test_recompute_reads_the_synced_token_ids_and_no_pack(cloud, tmp_path, monkeypatch):
+    """recompute prefills the prompt's tokens: the edge gives it the token ids the syncer
+    kept and reads no pack. Where it must read packs (a local manifest without ids) it opens
+    them, their verified manifests giving the ids, and decodes none of their tensors (what
+    the ceiling's TTFT would otherwise count). Every way, the answer is the one over packs
+    decoded whole."""
     from kvedge.common.pack.format import Pack
     from kvedge.edge.strategies.recompute import Recompute
 
@@ -429,11 +431,15 @@ def test_recompute_reads_the_manifests_token_ids_and_decodes_no_pack(cloud, tmp_
                                strategy=strategy))[-1]
         return done.answer, done.recomputed_tokens
 
-    decoded = []
-    real = Pack.context
-    monkeypatch.setattr(Pack, "context", lambda self: decoded.append(self) or real(self))
+    opened, decoded = [], []
+    segment, context = PackCache.segment, Pack.context
+    monkeypatch.setattr(PackCache, "segment",
+                        lambda self, pid: opened.append(pid) or segment(self, pid))
+    monkeypatch.setattr(Pack, "context", lambda self: decoded.append(self) or context(self))
     answer, recomputed = ask("recompute")
-    assert decoded == [] and recomputed > 0
+    assert opened == decoded == [] and recomputed > 0
+    monkeypatch.setattr(Recompute, "reads_kv", True)  # as without synced ids: packs opened
+    assert ask("recompute") == (answer, recomputed) and len(opened) == 2 and decoded == []
     monkeypatch.setattr(Recompute, "block_granular", False)  # the packs decoded whole
     assert ask("recompute") == (answer, recomputed) and len(decoded) == 2
 

@@ -182,6 +182,19 @@ def test_on_demand_answers_equal_the_pinned_edges(cloud, tmp_path, strategy):
         [(a.answer, list(a.segments)) for a in eager]
 
 
+def test_recompute_fetches_no_pack_and_answers_as_the_pinned_edge(cloud, tmp_path):
+    """recompute reads the segments' token ids, which the sync keeps in the local manifest:
+    an on-demand edge answers it with no transfer, as the pinned edge answers it."""
+    with edge(cloud, tmp_path / "pinned", pin=True) as whole:
+        eager = [whole.ask(q, strategy="recompute") for q in QUESTIONS[:2]]
+    with edge(cloud, tmp_path / "demand") as lazy:
+        answers = [lazy.ask(q, strategy="recompute") for q in QUESTIONS[:2]]
+        assert lazy.client.transfers == Counter() and cached(lazy) == set()
+        assert all(a.bytes_loaded == 0 for a in answers)  # no pack read
+    assert [(a.answer, list(a.segments), a.recomputed_tokens) for a in answers] == \
+        [(a.answer, list(a.segments), a.recomputed_tokens) for a in eager]
+
+
 def test_sixteen_asks_missing_the_same_pack_share_one_transfer(cloud, tmp_path):
     with edge(cloud, tmp_path, delay=1.0) as e:
         (pid,) = pack_of(e, QUESTIONS[1])
@@ -251,6 +264,9 @@ def test_the_cloud_down_cached_packs_answer_and_missing_ones_are_named(cloud, tm
                 e.ask(QUESTIONS[4], top_k=1)
             assert f"segment {index} (epsilon.md, pack {missing[:12]}" in str(err.value)
             assert "unreachable" in str(err.value) and "default/towns" in str(err.value)
+            # recompute needs the segment's token ids alone, which the sync kept: it answers
+            assert e.ask(QUESTIONS[4], top_k=1, strategy="recompute").tokens == 6
+            assert missing not in cached(e)
     finally:
         server.stop(0)
 

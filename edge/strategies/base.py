@@ -113,6 +113,20 @@ class Composed:
         return self.prefix_ids + [t for piece in pieces for t in piece] + self.question_ids
 
 
+@dataclass(frozen=True)
+class TokenSegment:
+    """A segment known by its token ids alone — the local manifest's, which the syncer took
+    from the pack's manifest — standing in a composed prompt for a strategy that reads no KV
+    (`ReuseStrategy.reads_kv` False): what `Composed` reads of a segment besides its KV."""
+
+    pack_id: str
+    token_ids: list[int]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
 @dataclass
 class Plan(Prompt):
     """A strategy's answer to a composed prompt: the `Prompt` the runtime runs to the first
@@ -132,6 +146,9 @@ class ReuseStrategy:
     # True: the strategy reads packs block by block (`PackSegment.select`, `held_rows`), so
     # the edge hands it opened packs and a cold pack is never decoded whole for it
     block_granular: ClassVar[bool] = False
+    # False: the strategy reads the segments' token ids and no KV (recompute), so the edge
+    # gives it each segment's synced ids (`TokenSegment`) and fetches or opens no pack for it
+    reads_kv: ClassVar[bool] = True
 
     def __post_init__(self):
         validate(self)
