@@ -401,6 +401,27 @@ def report_cmd(out_dir):
     click.echo(write_report(Path(out_dir) / "results.jsonl", Path(out_dir)))
 
 
+@bench.command("pair")
+@click.argument("a")
+@click.argument("b")
+@click.option("--metric", "metrics", multiple=True, default=("f1", "contain", "em"),
+              show_default=True, help="per-question score (repeatable)")
+def pair_cmd(a, b, metrics):
+    """Cell A against cell B, question by question: the paired bootstrap over their rows'
+    per-question scores (95 %, 10,000 resamples), the questions each scores higher on, and
+    how many answers are the same text. A cell is RESULTS#FIELD=VALUE,...: a results.jsonl
+    (or its OUT folder) and filters on its rows' fields naming one cell, e.g.
+    bench/results/hotpot-kb-smollm2-300#method=legolink,codec=rdq. Questions are matched by
+    identity (hotpot-kb's across uploads too), so A and B may come from different runs."""
+    from kvedge.bench.pair import CellNotFound, describe, load_cell
+
+    try:
+        for line in describe(load_cell(a), load_cell(b), metrics):
+            click.echo(line)
+    except CellNotFound as err:
+        raise click.ClickException(str(err)) from None
+
+
 @bench.command("load")
 @click.option("--model", default=None, help=f"[default: {DEFAULT_MODEL}]")
 @click.option("--clients", callback=_csv(int), default="1,4,16", show_default=True,
