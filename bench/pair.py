@@ -22,12 +22,14 @@ articles) contexts are resampled whole (`contexts_of`), as the report does.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.bench.bootstrap import Interval, contexts_of, paired_bootstrap
+from kvedge.bench.qa_report import _label
+from kvedge.bench.report import load
+from kvedge.bench.runner import codec_of
 
 METRICS = ("f1", "contain", "em")
 
@@ -54,7 +56,8 @@ def results_path(path: str | Path) -> Path:
 
 
 def _matches(row: dict, field: str, value: str) -> bool:
-    got = "" if row.get(field) is None else str(row.get(field))
+    got = codec_of(row) if field == "codec" else row.get(field)
+    got = "" if got is None else str(got)
     return got == value or (field == "codec" and got.split(":")[0] == value)
 
 
@@ -70,7 +73,7 @@ def load_cell(ref: str) -> dict:
         if not eq:
             raise CellNotFound(f"{ref}: filter {part!r} is not FIELD=VALUE")
         wanted.append((field.strip(), value.strip()))
-    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    rows = load(results)
     found = [r for r in rows if all(_matches(r, f, v) for f, v in wanted)]
     if len(found) != 1:
         names = "; ".join(_name(r) for r in (found or rows))
@@ -81,9 +84,7 @@ def load_cell(ref: str) -> dict:
 
 
 def _name(row: dict) -> str:
-    bits = [row.get("method"), row.get("codec"), row.get("options") or None,
-            None if row.get("budget") in (None, 1, 1.0) else f"budget={row['budget']}"]
-    return " ".join(str(b) for b in bits if b)
+    return f"{_label(row)} {codec_of(row)}"
 
 
 def question_keys(per_question: list[dict]) -> list[tuple]:
