@@ -16,6 +16,9 @@ The allocation (`kvedge.common.pack.calibrate.allocate_kv_widths`) lowers, from 
 (layer, K or V, width) whose added damage per byte saved is least, until the tensors take at
 most fp16 / `ratio` bytes. Widths beyond the second are not measured: their damage is
 extrapolated as quantization noise (4× per bit: two bits below the base adds 5× one bit's).
+The second need not be one bit below the base: `--key-widths 8,5,4 --value-widths 8,4,3`
+measures each layer's whole loss at K5 / V4 against a near-lossless base, and lets the
+allocation keep 8 bits where a layer needs them (SmolLM2, whose answers K5 V4 moves).
 What it prints is a codec spec (`kivi+zstd:...,key_layers=4454...,value_layers=...`) for one
 model, to be judged by the F1 cells (`kvctl bench run --suite evict --tasks squad-evict`, and
 hotpot-kb), not by this screen: 20 questions rank layers, they do not prove answers kept.

@@ -284,6 +284,21 @@ def test_allocate_kv_widths_lowers_the_cheapest_damage_per_byte_first():
         allocate_kv_widths(steps_k, steps_v, keys, values, 300)
 
 
+def test_allocate_kv_widths_prices_a_step_of_several_bits_as_measured():
+    """A top of 8 bits with 5 (keys) and 4 (values) measured: each measured step is that
+    width's damage, not 21x / 85x of it, so a value layer at 4 bits (1.0 for 120 B) goes
+    before a key layer at 5 (1.0 for 100 B); 4-bit keys cost (4^4 - 1) / (4^3 - 1) of 5's."""
+    from kvedge.common.pack.calibrate import allocate_kv_widths
+
+    keys = {8: [200, 200], 5: [100, 100], 4: [80, 80]}
+    values = {8: [200, 200], 4: [80, 80], 3: [70, 70]}
+    steps = [1.0, 1.0]
+    assert allocate_kv_widths(steps, steps, keys, values, 680) == ((8, 8), (4, 8), 680)
+    assert allocate_kv_widths(steps, steps, keys, values, 480) == ((5, 8), (4, 4), 460)
+    # then keys to 4 (3.05 more for 20 B) before values to 3 (3.01 for 10 B)
+    assert allocate_kv_widths(steps, steps, keys, values, 330) == ((4, 4), (4, 4), 320)
+
+
 def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
     """`kivi:calibrated=true` encodes with the widths recorded for the encoding model (its
     registry entry) and with key_bits/value_bits for a model without them; the pack names
