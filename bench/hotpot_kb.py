@@ -35,9 +35,24 @@ import time
 from pathlib import Path
 
 from kvedge.bench.datasets import QAItem
+from kvedge.bench.real import HOTPOT_KB
 from kvedge.bench.real.hotpotqa import as_question, document, hotpot_kb_corpus
 
 NAMESPACE = "bench"
+
+
+def item_key(kb: str, index: int, top_k: int) -> str:
+    """A question's item key: "hotpot-kb/<KB name>/<HotpotQA index>/<top-k>". The KB's name
+    digests its codec and settings, so one question asked of two uploads has two keys."""
+    return f"{HOTPOT_KB}/{kb}/{index}/{top_k}"
+
+
+def parse_item_key(key: str) -> tuple[str, int, int] | None:
+    """(KB name, HotpotQA index, top-k) of a hotpot-kb item key; None for another suite's."""
+    parts = key.split("/")
+    if parts[0] != HOTPOT_KB or len(parts) != 4:
+        return None
+    return parts[1], int(parts[2]), int(parts[3])
 
 
 class Services:
@@ -157,7 +172,7 @@ class HotpotKB:
             question = as_question(q)
             metas, _ = self.services.engine.pick(self.target, q.question, top_k,
                                                  new_tokens(question))
-            out.append(QAItem(f"hotpot-kb/{self.name}/{q.index}/{top_k}",
+            out.append(QAItem(item_key(self.name, q.index, top_k),
                               [m["text"] for m in metas], [question]))
         return out
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvedge.bench.bootstrap import Interval, contexts_of, paired_bootstrap
+from kvedge.bench.hotpot_kb import parse_item_key
 from kvedge.bench.qa_report import _label
 from kvedge.bench.report import load
 from kvedge.bench.runner import codec_of
@@ -94,9 +95,9 @@ def question_keys(per_question: list[dict]) -> list[tuple]:
     out = []
     for q in per_question:
         item = str(q.get("item"))
-        parts = item.split("/")
-        if parts[0] == "hotpot-kb" and len(parts) == 4:
-            item = f"hotpot-kb/{parts[2]}/{parts[3]}"
+        kb = parse_item_key(item)
+        if kb is not None:
+            item = f"hotpot-kb/{kb[1]}/{kb[2]}"
         out.append((item, seen[item]))
         seen[item] += 1
     return out

@@ -45,6 +45,16 @@ def test_the_kb_holds_each_paragraph_of_the_questions_once(fake_data):
     assert paragraphs.count(SHARED) == 1
 
 
+def test_an_item_key_names_the_kb_the_question_and_the_top_k():
+    from kvedge.bench.hotpot_kb import item_key, parse_item_key
+
+    key = item_key("hotpot-300-s0-0123456789ab", 3155, 10)
+    assert key == "hotpot-kb/hotpot-300-s0-0123456789ab/3155/10"
+    assert parse_item_key(key) == ("hotpot-300-s0-0123456789ab", 3155, 10)
+    assert parse_item_key("hotpotqa/3155/10/0") is None
+    assert parse_item_key("squad/0/4096") is None
+
+
 def test_hotpot_kb_asks_through_the_services_and_a_rerun_pays_only_for_the_new_strategy(
         fake_data, tmp_path):
     from click.testing import CliRunner

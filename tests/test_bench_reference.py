@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvedge.bench.ceilings import CeilingStore
+from kvedge.bench.hotpot_kb import parse_item_key
 from kvedge.bench.real.heldout import tuning_range
 
 REFERENCE = Path(__file__).resolve().parents[1] / "bench" / "reference"
@@ -28,8 +29,8 @@ def _in_tuning_split(dataset: str, index: int) -> bool:
 def _question(item: str) -> tuple[str, str]:
     """(dataset, index) of an item key: "hotpotqa/3155/10/0", "squad/0/4096", and hotpot-kb's
     "hotpot-kb/<KB name>/<HotpotQA index>/<top-k>" (`bench.hotpot_kb`)."""
-    parts = item.split("/")
-    return ("hotpotqa", parts[2]) if parts[0] == "hotpot-kb" else (parts[0], parts[1])
+    kb = parse_item_key(item)
+    return ("hotpotqa", str(kb[1])) if kb is not None else tuple(item.split("/")[:2])
 
 
 def test_there_are_reference_stores():
