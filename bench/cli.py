@@ -411,7 +411,8 @@ def pair_cmd(a, b, metrics):
     per-question scores (95 %, 10,000 resamples), the questions each scores higher on, and
     how many answers are the same text. A cell is RESULTS#FIELD=VALUE,...: a results.jsonl
     (or its OUT folder) and filters on its rows' fields naming one cell, e.g.
-    bench/results/hotpot-kb-smollm2-300#method=legolink,codec=rdq. Questions are matched by
+    bench/results/hotpot-kb-smollm2-300#method=legolink,codec=rdq (FIELD~=TEXT: the field
+    contains TEXT, for a codec spec's part). Questions are matched by
     identity (hotpot-kb's across uploads too), so A and B may come from different runs."""
     from kvedge.bench.pair import CellNotFound, describe, load_cell
 

@@ -10,8 +10,10 @@ pairs any two cells by the paired bootstrap over their rows' per-question scores
 A cell is named `RESULTS#FIELD=VALUE,...`: RESULTS a results.jsonl, or the OUT folder that
 holds one; each filter is matched against the rows' fields (method, codec, options, budget,
 task, length, model, ...) — the value equals the field's text, or, for `codec`, names its
-family (`codec=rdq` matches `rdq:calibrated=true,...`). Exactly one row must match
-(`CellNotFound` names the candidates otherwise).
+family (`codec=rdq` matches `rdq:calibrated=true,...`); `FIELD~=TEXT` asks only that the
+field contain TEXT (`codec~=key_layers=5545`: a codec spec has commas of its own, so it
+cannot be given whole). Exactly one row must match (`CellNotFound` names the candidates
+otherwise).
 
 Questions are paired by identity, not by position: a per-question row's `item` and its rank
 among that item's questions. hotpot-kb's items name the KB (`hotpot-kb/<KB>/<HotpotQA
@@ -57,8 +59,12 @@ def results_path(path: str | Path) -> Path:
 
 
 def _matches(row: dict, field: str, value: str) -> bool:
+    contains = field.endswith("~")
+    field = field.rstrip("~").strip()
     got = codec_of(row) if field == "codec" else row.get(field)
     got = "" if got is None else str(got)
+    if contains:
+        return value in got
     return got == value or (field == "codec" and got.split(":")[0] == value)
 
 

@@ -66,6 +66,14 @@ def test_a_reference_naming_no_cell_or_several_is_a_named_error(runs, tmp_path):
         load_cell(f"{a}#legolink")
 
 
+def test_a_filter_may_ask_only_that_a_field_contain_a_text(runs):
+    """A codec spec has commas of its own: `codec~=` names a row by a part of it."""
+    _, b, *_ = runs
+    assert load_cell(f"{b}#codec~=calibrated=true,method=legolink")["method"] == "legolink"
+    with pytest.raises(CellNotFound, match="0 cells match"):
+        load_cell(f"{b}#codec~=key_layers=5545")
+
+
 def test_kvctl_bench_pair_prints_the_table(runs):
     a, b, *_ = runs
     ok = CliRunner().invoke(bench, ["pair", f"{a}#method=legolink", f"{b}#method=legolink",
