@@ -2,7 +2,8 @@
 allocates for a byte target (issue 30: "per-layer budgets ... measured one by one").
 
 `python -m kvedge.bench.layer_sensitivity [--model M] [--items 2] [--questions 10]
-[--key-widths 5,4] [--value-widths 4,3,2] [--ratio 4.15] [--out FILE.json]`: the first `items`
+[--key-widths 5,4] [--value-widths 4,3,2] [--ratio 4.15] [--out FILE.json] [--load FILE.json]`:
+the first `items`
 squad-evict articles of the tuning split, their first `questions` questions, answered as
 `kvedge.bench.answer_kl` answers them (fp16's greedy answer teacher-forced over each cache,
 through `pie`). The base is kivi at the first width of each list (keys 5, values 4: the
@@ -14,11 +15,14 @@ width, layer by layer, for their bytes.
 
 The allocation (`kvedge.common.pack.calibrate.allocate_kv_widths`) lowers, from the base, the
 (layer, K or V, width) whose added damage per byte saved is least, until the tensors take at
-most fp16 / `ratio` bytes. Widths beyond the second are not measured: their damage is
-extrapolated as quantization noise (4× per bit: two bits below the base adds 5× one bit's).
-The second need not be one bit below the base: `--key-widths 8,5,4 --value-widths 8,4,3`
-measures each layer's whole loss at K5 / V4 against a near-lossless base, and lets the
-allocation keep 8 bits where a layer needs them (SmolLM2, whose answers K5 V4 moves).
+most fp16 / `ratio` bytes. A list is the base, the measured width, then any others: those
+are not measured, their damage is extrapolated as quantization noise (4× per bit: two bits
+below the base adds 5× one bit's). The measured width need not be one bit below the base:
+`--key-widths 8,5,6,4 --value-widths 8,4,6,5,3` measures each layer's whole loss at K5 / V4
+against a near-lossless base, and lets the allocation keep 6 or 8 bits where a layer needs
+them (SmolLM2, whose answers K5 V4 moves). `--load` allocates from an earlier `--out`
+without measuring again; widths listed that it has no bytes for are encoded then (the
+articles prefilled again, no answers asked).
 What it prints is a codec spec (`kivi+zstd:...,key_layers=4454...,value_layers=...`) for one
 model, to be judged by the F1 cells (`kvctl bench run --suite evict --tasks squad-evict`, and
 hotpot-kb), not by this screen: 20 questions rank layers, they do not prove answers kept.
@@ -70,7 +74,7 @@ def measure(model: str, key_widths: list[int], value_widths: list[int], items: i
     (kb, kl), (vb, vl) = key_widths[:2], value_widths[:2]
     kl_sum: dict[str, float] = {}
     out = {"model": model, "key_widths": key_widths, "value_widths": value_widths,
-           "tokens": 0, "fp16_bytes": 0, "answer_tokens": 0, "questions": 0,
+           "items": items, "length": length, "tokens": 0, "fp16_bytes": 0, "answer_tokens": 0, "questions": 0,
            "bytes": {"K": {b: None for b in key_widths}, "V": {b: None for b in value_widths}}}
     for item in cell_items(cell, bench.prefill.loaded.tokenizer):
         text = "".join(item.documents)
@@ -78,12 +82,7 @@ def measure(model: str, key_widths: list[int], value_widths: list[int], items: i
                                     ("fp16", kivi(kb, vb), kivi(kl, vb), kivi(kb, vl)))
         out["tokens"] += fp16.n_tokens
         out["fp16_bytes"] += bench.prefill.kv_shape.fp16_bytes(fp16.n_tokens)
-        for kind, widths in (("K", key_widths), ("V", value_widths)):
-            for b in widths:
-                sizes = layer_bytes(fp16, kind, b)
-                have = out["bytes"][kind][b]
-                out["bytes"][kind][b] = sizes if have is None else [
-                    x + y for x, y in zip(have, sizes)]
+        _add_bytes(out["bytes"], fp16, key_widths, value_widths)
         caches = {"base": base}
         for layer in range(base.n_layers):
             caches[f"K{layer}"] = replace(base, keys=_swap(base.keys, low_k.keys, layer))
@@ -108,6 +107,46 @@ def measure(model: str, key_widths: list[int], value_widths: list[int], items: i
     return out
 
 
+def _add_bytes(into: dict, fp16, key_widths, value_widths) -> None:
+    """Add each layer's bytes of `fp16`'s keys and values at every listed width to `into`
+    (JSON keys: a width read back from a file is a string)."""
+    for kind, widths in (("K", key_widths), ("V", value_widths)):
+        for b in widths:
+            sizes = layer_bytes(fp16, kind, b)
+            have = into[kind].get(b, into[kind].get(str(b)))
+            into[kind].pop(str(b), None)
+            into[kind][b] = sizes if have is None else [x + y for x, y in zip(have, sizes)]
+
+
+def with_widths(row: dict, key_widths: list[int], value_widths: list[int],
+                log=print) -> dict:
+    """`row` (an earlier `measure`) allowed `key_widths` / `value_widths` as well: the
+    same base and measured width, bytes encoded for the widths it lacks (its articles
+    prefilled again; no question asked)."""
+    from kvedge.bench.runner import Cell
+    from kvedge.bench.suites import Bench, cell_items
+
+    for kind, widths in (("key_widths", key_widths), ("value_widths", value_widths)):
+        if widths[:2] != row[kind][:2]:
+            raise ValueError(f"{kind} {widths} must start with the measurement's base and "
+                             f"measured width, {row[kind][:2]}")
+    missing = {kind: [b for b in widths if str(b) not in map(str, row["bytes"][kind])]
+               for kind, widths in (("K", key_widths), ("V", value_widths))}
+    out = {**row, "key_widths": key_widths, "value_widths": value_widths,
+           "bytes": {kind: dict(row["bytes"][kind]) for kind in "KV"}}
+    if not missing["K"] and not missing["V"]:
+        return out
+    bench = Bench(row["model"], breakdown=None)
+    cell = Cell(suite="evict", task="squad-evict", length=row.get("length", 4096),
+                method="full", budget=1.0, items=row.get("items", 2))
+    for item in cell_items(cell, bench.prefill.loaded.tokenizer):
+        fp16 = bench.packs("".join(item.documents), True, "fp16")[0][0]
+        _add_bytes(out["bytes"], fp16, missing["K"], missing["V"])
+        log(f"{item.key}: bytes at K {missing['K']}, V {missing['V']}")
+    bench.close()
+    return out
+
+
 def _swap(heads: list, other: list, layer: int) -> list:
     out = list(heads)
     out[layer] = other[layer]
@@ -118,10 +157,13 @@ def allocate(row: dict, ratio: float, floor: float = 1e-5) -> tuple[tuple, tuple
     """(key widths, value widths, tensor bytes per token) for fp16 / `ratio`; a layer's
     measured increment is taken as at least `floor` (an increment this small is within what
     20 questions resolve, so no layer is treated as free)."""
-    sizes = {kind: {int(b): s for b, s in row["bytes"][kind].items()} for kind in "KV"}
+    allowed = {"K": row["key_widths"], "V": row["value_widths"]}
+    sizes = {kind: {int(b): s for b, s in row["bytes"][kind].items()
+                    if s is not None and int(b) in allowed[kind]} for kind in "KV"}
     keys, values, size = allocate_kv_widths(
         [max(d, floor) for d in row["K"]], [max(d, floor) for d in row["V"]],
-        sizes["K"], sizes["V"], row["fp16_bytes"] / ratio)
+        sizes["K"], sizes["V"], row["fp16_bytes"] / ratio,
+        measured=(row["key_widths"][1], row["value_widths"][1]))
     return keys, values, size / row["tokens"]
 
 
@@ -147,17 +189,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--items", type=int, default=2, help="squad-evict articles")
     ap.add_argument("--questions", type=int, default=10, help="questions per article")
     ap.add_argument("--length", type=int, default=4096, help="context tokens per article")
-    ap.add_argument("--key-widths", default="5,4", help="the base key width, then lower ones")
-    ap.add_argument("--value-widths", default="4,3,2", help="the base value width, then lower")
+    ap.add_argument("--key-widths", help="the base key width, the measured one, then any "
+                    "others (default 5,4; with --load: the file's)")
+    ap.add_argument("--value-widths", help="likewise for values (default 4,3,2)")
     ap.add_argument("--ratio", type=float, default=4.15, help="× fewer tensor bytes than fp16")
     ap.add_argument("--load", type=Path, help="a previous --out: allocate without measuring")
     ap.add_argument("--out", type=Path, help="the measurement, JSON")
     args = ap.parse_args(argv)
+    given = [None if w is None else [int(b) for b in w.split(",")]
+             for w in (args.key_widths, args.value_widths)]
     if args.load:
         row = json.loads(args.load.read_text())
+        if given != [None, None]:
+            row = with_widths(row, given[0] or row["key_widths"],
+                              given[1] or row["value_widths"])
     else:
-        widths = [[int(b) for b in w.split(",")] for w in (args.key_widths, args.value_widths)]
-        row = measure(args.model, *widths, args.items, args.questions, args.length)
+        row = measure(args.model, given[0] or [5, 4], given[1] or [4, 3, 2], args.items,
+                      args.questions, args.length)
     if args.out:
         args.out.write_text(json.dumps(row))
     print(table(row))

@@ -28,3 +28,13 @@ def test_layers_measured_and_widths_allocated(fake_data, tmp_path, capsys):
     assert get_codec(spec).inner.value_layers == values  # a spec the registry takes
     main(["--load", str(out), "--ratio", "3"])  # allocates again from the saved measure
     assert spec in capsys.readouterr().out
+    # widths neither base nor measured are added to a saved measure by encoding only
+    main(["--load", str(out), "--key-widths", "8,4,6", "--ratio", "2.5", "--out",
+          str(tmp_path / "more.json")])
+    more = json.loads((tmp_path / "more.json").read_text())
+    assert more["key_widths"] == [8, 4, 6] and more["K"] == row["K"]
+    sizes = [sum(more["bytes"]["K"][w]) for w in ("8", "6", "4")]
+    assert sizes == sorted(sizes, reverse=True)
+    spec = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("kivi+zstd:"))
+    assert set(get_codec(spec).inner.key_layers) <= {8, 6, 4}

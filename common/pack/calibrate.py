@@ -57,23 +57,27 @@ def allocate_layer_bits(sensitivity: list[float], sizes: dict[int, list[int]],
 
 def allocate_kv_widths(key_steps: list[float], value_steps: list[float],
                        key_sizes: dict[int, list[int]], value_sizes: dict[int, list[int]],
-                       budget: float) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+                       budget: float, measured: tuple[int, int] | None = None,
+                       ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
     """A key width and a value width per layer, total size within `budget` bytes, lowered
     from the widest where it adds the least damage.
 
     key_sizes[bits][l]: bytes layer l's keys take at that width (likewise values); the widest
     listed is where every layer starts. key_steps[l]: the damage measured when layer l alone
-    goes one width down (to the second-widest listed, s bits below the top); any other width
-    is priced as quantization noise, 4× per bit, so b bits below the top adds
-    steps[l] · (4^b − 1) / (4^s − 1) (s = 1 when the widths are consecutive, as 5, 4; a top
-    of 8 with 5 measured (s = 3) prices 4 bits at ~4× the measured 5).
+    goes one width down (to `measured`'s (key width, value width); by default the
+    second-widest listed), s bits below the top; any other width is priced as quantization
+    noise, 4× per bit, so b bits below the top adds steps[l] · (4^b − 1) / (4^s − 1) (s = 1
+    when the widths are consecutive, as 5, 4; a top of 8 with 5 measured (s = 3) prices 4
+    bits at ~4× the measured 5's damage and 6 at ~1/4 of it).
     Greedy: the lowering (one tensor kind of one layer, to any narrower width) with the least
     added damage per byte saved is taken, until the total fits. Returns (key widths, value
     widths, total bytes); ValueError if even the narrowest widths do not fit."""
     kinds = {"K": (key_steps, key_sizes), "V": (value_steps, value_sizes)}
     top = {k: max(sizes) for k, (_, sizes) in kinds.items()}  # where every layer starts
-    measured = {k: top[k] - max((b for b in sizes if b < top[k]), default=top[k] - 1)
-                for k, (_, sizes) in kinds.items()}  # bits below the top of the measured step
+    if measured is None:
+        measured = tuple(max((b for b in sizes if b < top[k]), default=top[k] - 1)
+                         for k, (_, sizes) in kinds.items())
+    measured = {k: top[k] - m for k, m in zip(kinds, measured)}  # bits below the top
     width = {k: [top[k]] * len(steps) for k, (steps, _) in kinds.items()}
     total = float(sum(sum(sizes[top[k]][:len(steps)]) for k, (steps, sizes) in kinds.items()))
 
