@@ -297,6 +297,13 @@ def test_allocate_kv_widths_prices_a_step_of_several_bits_as_measured():
     assert allocate_kv_widths(steps, steps, keys, values, 480) == ((5, 8), (4, 4), 460)
     # then keys to 4 (3.05 more for 20 B) before values to 3 (3.01 for 10 B)
     assert allocate_kv_widths(steps, steps, keys, values, 330) == ((4, 4), (4, 4), 320)
+    # a width between the top and the measured one: keys measured at 5, 6 priced at
+    # (4^2 - 1) / (4^3 - 1) of it (0.24 for 50 B) — below 4-bit values (1.0 for 120 B)
+    keys, values = {8: [200], 6: [150], 5: [100]}, {8: [200], 4: [80]}
+    assert allocate_kv_widths([1.0], [1.0], keys, values, 350,
+                              measured=(5, 4)) == ((6,), (8,), 350)
+    # read as measured at 6 (the second-widest), 6 would cost 1.0 and values go first
+    assert allocate_kv_widths([1.0], [1.0], keys, values, 350) == ((8,), (4,), 280)
 
 
 def test_calibrated_kivi_binds_the_models_widths_at_encode_time(monkeypatch):
