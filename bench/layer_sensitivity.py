@@ -3,10 +3,9 @@ allocates for a byte target (issue 30: "per-layer budgets ... measured one by on
 
 `python -m kvedge.bench.layer_sensitivity [--model M] [--items 2] [--questions 10]
 [--key-widths 5,4] [--value-widths 4,3,2] [--ratio 4.15] [--out FILE.json] [--load FILE.json]`:
-the first `items`
-squad-evict articles of the tuning split, their first `questions` questions, answered as
-`kvedge.bench.answer_kl` answers them (fp16's greedy answer teacher-forced over each cache,
-through `pie`). The base is kivi at the first width of each list (keys 5, values 4: the
+the first `items` squad-evict articles of the tuning split, their first `questions` questions,
+answered as `kvedge.bench.answer_kl` answers them (fp16's greedy answer teacher-forced over
+each cache, through `pie`). The base is kivi at the first width of each list (keys 5, values 4: the
 default codec). For every layer l, two more caches: the base with layer l's keys at the
 second key width, and with its values at the second value width. Each one's answer KL
 against fp16, minus the base's, is that layer's sensitivity — how much of the answers' drift
@@ -74,7 +73,8 @@ def measure(model: str, key_widths: list[int], value_widths: list[int], items: i
     (kb, kl), (vb, vl) = key_widths[:2], value_widths[:2]
     kl_sum: dict[str, float] = {}
     out = {"model": model, "key_widths": key_widths, "value_widths": value_widths,
-           "items": items, "length": length, "tokens": 0, "fp16_bytes": 0, "answer_tokens": 0, "questions": 0,
+           "items": items, "length": length, "tokens": 0, "fp16_bytes": 0,
+           "answer_tokens": 0, "questions": 0,
            "bytes": {"K": {b: None for b in key_widths}, "V": {b: None for b in value_widths}}}
     for item in cell_items(cell, bench.prefill.loaded.tokenizer):
         text = "".join(item.documents)
