@@ -62,21 +62,18 @@ def measure(model: str, key_widths: list[int], value_widths: list[int], items: i
     """Per-layer KL increments of one step down from the base, and per-layer bytes at every
     listed width, summed over the articles."""
     from kvedge.bench.answer_kl import divergence, forced_logp, reference_answer
-    from kvedge.bench.runner import Cell
-    from kvedge.bench.suites import Bench, cell_items
+    from kvedge.bench.suites import Bench
     from kvedge.edge.strategies import get_strategy
 
     bench = Bench(model, breakdown=None)
     pie = get_strategy("pie")
-    cell = Cell(suite="evict", task="squad-evict", length=length, method="full", budget=1.0,
-                items=items)
     (kb, kl), (vb, vl) = key_widths[:2], value_widths[:2]
     kl_sum: dict[str, float] = {}
     out = {"model": model, "key_widths": key_widths, "value_widths": value_widths,
            "items": items, "length": length, "tokens": 0, "fp16_bytes": 0,
            "answer_tokens": 0, "questions": 0,
            "bytes": {"K": {b: None for b in key_widths}, "V": {b: None for b in value_widths}}}
-    for item in cell_items(cell, bench.prefill.loaded.tokenizer):
+    for item in _articles(bench, items, length):
         text = "".join(item.documents)
         fp16, base, low_k, low_v = (bench.packs(text, True, c)[0][0] for c in
                                     ("fp16", kivi(kb, vb), kivi(kl, vb), kivi(kb, vl)))
@@ -107,14 +104,23 @@ def measure(model: str, key_widths: list[int], value_widths: list[int], items: i
     return out
 
 
+def _articles(bench, items: int, length: int) -> list:
+    """The first `items` squad-evict articles of the tuning split, at `length` tokens."""
+    from kvedge.bench.runner import Cell
+    from kvedge.bench.suites import cell_items
+
+    cell = Cell(suite="evict", task="squad-evict", length=length, method="full", budget=1.0,
+                items=items)
+    return cell_items(cell, bench.prefill.loaded.tokenizer)
+
+
 def _add_bytes(into: dict, fp16, key_widths, value_widths) -> None:
     """Add each layer's bytes of `fp16`'s keys and values at every listed width to `into`
-    (JSON keys: a width read back from a file is a string)."""
+    (widths as int keys)."""
     for kind, widths in (("K", key_widths), ("V", value_widths)):
         for b in widths:
             sizes = layer_bytes(fp16, kind, b)
-            have = into[kind].get(b, into[kind].get(str(b)))
-            into[kind].pop(str(b), None)
+            have = into[kind].get(b)
             into[kind][b] = sizes if have is None else [x + y for x, y in zip(have, sizes)]
 
 
@@ -123,23 +129,21 @@ def with_widths(row: dict, key_widths: list[int], value_widths: list[int],
     """`row` (an earlier `measure`) allowed `key_widths` / `value_widths` as well: the
     same base and measured width, bytes encoded for the widths it lacks (its articles
     prefilled again; no question asked)."""
-    from kvedge.bench.runner import Cell
-    from kvedge.bench.suites import Bench, cell_items
+    from kvedge.bench.suites import Bench
 
     for kind, widths in (("key_widths", key_widths), ("value_widths", value_widths)):
         if widths[:2] != row[kind][:2]:
             raise ValueError(f"{kind} {widths} must start with the measurement's base and "
                              f"measured width, {row[kind][:2]}")
-    missing = {kind: [b for b in widths if str(b) not in map(str, row["bytes"][kind])]
-               for kind, widths in (("K", key_widths), ("V", value_widths))}
     out = {**row, "key_widths": key_widths, "value_widths": value_widths,
-           "bytes": {kind: dict(row["bytes"][kind]) for kind in "KV"}}
+           "bytes": {kind: {int(b): s for b, s in row["bytes"][kind].items()}
+                     for kind in "KV"}}  # a width read back from JSON is a string
+    missing = {kind: [b for b in widths if b not in out["bytes"][kind]]
+               for kind, widths in (("K", key_widths), ("V", value_widths))}
     if not missing["K"] and not missing["V"]:
         return out
     bench = Bench(row["model"], breakdown=None)
-    cell = Cell(suite="evict", task="squad-evict", length=row.get("length", 4096),
-                method="full", budget=1.0, items=row.get("items", 2))
-    for item in cell_items(cell, bench.prefill.loaded.tokenizer):
+    for item in _articles(bench, row.get("items", 2), row.get("length", 4096)):
         fp16 = bench.packs("".join(item.documents), True, "fp16")[0][0]
         _add_bytes(out["bytes"], fp16, missing["K"], missing["V"])
         log(f"{item.key}: bytes at K {missing['K']}, V {missing['V']}")

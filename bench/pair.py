@@ -31,6 +31,7 @@ from pathlib import Path
 from kvedge.bench.bootstrap import Interval, contexts_of, paired_bootstrap
 from kvedge.bench.hotpot_kb import parse_item_key
 from kvedge.bench.qa_report import _label
+from kvedge.bench.real import HOTPOT_KB
 from kvedge.bench.report import load
 from kvedge.bench.runner import codec_of
 
@@ -103,7 +104,8 @@ def question_keys(per_question: list[dict]) -> list[tuple]:
         item = str(q.get("item"))
         kb = parse_item_key(item)
         if kb is not None:
-            item = f"hotpot-kb/{kb[1]}/{kb[2]}"
+            _, index, top_k = kb
+            item = f"{HOTPOT_KB}/{index}/{top_k}"
         out.append((item, seen[item]))
         seen[item] += 1
     return out
