@@ -413,7 +413,8 @@ def pair_cmd(a, b, metrics):
     (or its OUT folder) and filters on its rows' fields naming one cell, e.g.
     bench/results/hotpot-kb-smollm2-300#method=legolink,codec=rdq (FIELD~=TEXT: the field
     contains TEXT, for a codec spec's part). Questions are matched by
-    identity (hotpot-kb's across uploads too), so A and B may come from different runs."""
+    identity (hotpot-kb's across uploads too), so A and B may come from different runs.
+    An OUT folder's unfinished cells (partial.jsonl) count too, over their items so far."""
     from kvedge.bench.pair import CellNotFound, describe, load_cell
 
     try:

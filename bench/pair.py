@@ -21,6 +21,10 @@ index>/<top-k>`), and the KB's name digests its codec, so the same question over
 has two item keys: there the KB's name is left out. Only questions both cells asked are
 paired (their count is printed). Where items hold several questions (squad-evict's
 articles) contexts are resampled whole (`contexts_of`), as the report does.
+
+An OUT folder's unfinished cells (its `partial.jsonl`: a `--by-item` run, a run cut off)
+are cells too, over the items measured so far (`unfinished.cells`); a finished cell's row
+supersedes its partial rows.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from kvedge.bench.hotpot_kb import parse_item_key
 from kvedge.bench.qa_report import _label
 from kvedge.bench.real import HOTPOT_KB
 from kvedge.bench.report import load
-from kvedge.bench.runner import codec_of
+from kvedge.bench.runner import codec_of, row_key
+from kvedge.bench import unfinished
 
 METRICS = ("f1", "contain", "em")
 
@@ -73,15 +78,18 @@ def load_cell(ref: str) -> dict:
     """The one row of `RESULTS#FIELD=VALUE,...` (see the module docstring)."""
     path, _, filters = ref.partition("#")
     results = results_path(path)
-    if not results.is_file():
-        raise CellNotFound(f"{ref}: no results file at {results}")
+    partial = results.parent / "partial.jsonl"
+    if not results.is_file() and not partial.is_file():
+        raise CellNotFound(f"{ref}: no results file at {results} (nor {partial.name})")
     wanted = []
     for part in filter(None, filters.split(",")):
         field, eq, value = part.partition("=")
         if not eq:
             raise CellNotFound(f"{ref}: filter {part!r} is not FIELD=VALUE")
         wanted.append((field.strip(), value.strip()))
-    rows = load(results)
+    rows = load(results) if results.is_file() else []
+    finished = {row_key(r) for r in rows if "key" in r}  # supersede their partial rows
+    rows += [c for c in unfinished.cells(results.parent) if c["key"] not in finished]
     found = [r for r in rows if all(_matches(r, f, v) for f, v in wanted)]
     if len(found) != 1:
         names = "; ".join(_name(r) for r in (found or rows))
@@ -92,7 +100,8 @@ def load_cell(ref: str) -> dict:
 
 
 def _name(row: dict) -> str:
-    return f"{_label(row)} {codec_of(row)}"
+    so_far = f" (unfinished: {row['items']} items so far)" if row.get("unfinished") else ""
+    return f"{_label(row)} {codec_of(row)}{so_far}"
 
 
 def question_keys(per_question: list[dict]) -> list[tuple]:
@@ -147,9 +156,9 @@ def _interval(i: Interval | None, spec: str) -> str:
 def describe(a: dict, b: dict, metrics=METRICS) -> list[str]:
     """The comparison as text lines (what `kvctl bench pair` prints)."""
     comparisons, n, same = pair(a, b, metrics)
-    lines = [f"A: {_name(a)} ({a.get('task')}, {a.get('model')}, {len(a['per_question'])} "
+    lines = [f"A: {_name(a)} ({a.get('task')}, {a.get('model', '?')}, {len(a['per_question'])} "
              f"questions)",
-             f"B: {_name(b)} ({b.get('task')}, {b.get('model')}, {len(b['per_question'])} "
+             f"B: {_name(b)} ({b.get('task')}, {b.get('model', '?')}, {len(b['per_question'])} "
              f"questions)",
              f"paired: {n} questions, {same} with the same answer text",
              "| metric | A | B | A − B [95 % CI] | A / B [95 % CI] | A higher / B higher |",

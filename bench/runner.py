@@ -59,6 +59,22 @@ class Cell:
             key = f"{key}/kb{self.kb_items}"
         return f"{key}/{self.options}" if self.options else key  # older keys stay valid
 
+    @classmethod
+    def from_key(cls, key: str) -> "Cell":
+        """The cell a `key` names (its inverse; `ValueError` for a text that is not one)."""
+        parts = key.split("/")
+        if len(parts) < 8:
+            raise ValueError(f"{key!r} is not a cell key (suite/task/length/method/budget/"
+                             f"items/seed/codec[/...])")
+        suite, task, length, method, budget, items, seed, codec, *rest = parts
+        per_prompt, kb_items = None, 0
+        if rest and rest[0].endswith("-per-prompt"):
+            per_prompt = int(rest.pop(0).removesuffix("-per-prompt"))
+        if rest and rest[0].startswith("kb") and rest[0][2:].isdigit():
+            kb_items = int(rest.pop(0)[2:])
+        return cls(suite, task, int(length), method, float(budget), int(items), int(seed),
+                   codec, "/".join(rest), per_prompt, kb_items)
+
     def option_values(self) -> dict[str, str]:
         """The cell's other options, name → value (as a command line gives them)."""
         return dict(kv.split("=", 1) for kv in self.options.split(",") if kv)

@@ -11,11 +11,13 @@ finished cell writes supersedes them, and fewer items mean wider intervals.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 from kvedge.bench.answer_metrics import PAIRED
 from kvedge.bench.bootstrap import paired_bootstrap
 from kvedge.bench.ceilings import read_entries
+from kvedge.bench.runner import Cell
 
 
 def unfinished(folder: Path) -> list[dict]:
@@ -41,6 +43,27 @@ def unfinished(folder: Path) -> list[dict]:
             if rows and None not in a and None not in b:
                 summary[metric] = paired_bootstrap(a, b, clusters=items).to_dict()
         out.append(summary)
+    return out
+
+
+def cells(folder: Path) -> list[dict]:
+    """Each unfinished cell in `folder`/partial.jsonl as a results row would name it — the
+    fields of its key (`Cell.from_key`), "unfinished": True, "items" reached so far and
+    "per_question" (each row with its item), items in the order kept — for
+    `kvctl bench pair`. No ceiling is needed; entries from before the bench named their cell
+    are left out."""
+    by_cell: dict[str, list[dict]] = defaultdict(list)
+    for e in read_entries(folder / "partial.jsonl").values():
+        if "cell" in e:
+            by_cell[e["cell"]] += [{"item": e["item"], **r} for r in e["rows"]]
+    out = []
+    for key, rows in by_cell.items():
+        try:
+            fields = asdict(Cell.from_key(key))
+        except ValueError:
+            continue
+        out.append({"key": key, **fields, "items": len({r["item"] for r in rows}),
+                    "questions": len(rows), "unfinished": True, "per_question": rows})
     return out
 
 

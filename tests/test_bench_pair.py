@@ -88,3 +88,35 @@ def test_question_keys_rank_an_items_questions():
     rows = [{"item": "squad/0/4096"}, {"item": "squad/0/4096"}, {"item": "squad/1/4096"}]
     assert question_keys(rows) == [("squad/0/4096", 0), ("squad/0/4096", 1),
                                    ("squad/1/4096", 0)]
+
+
+def test_an_unfinished_cell_pairs_over_its_items_so_far(tmp_path):
+    """A `--by-item` run's partial.jsonl: each cell's items so far are a cell `pair` reads;
+    a cell whose row is written is read from results.jsonl instead."""
+    from kvedge.bench.ceilings import CeilingStore
+    from kvedge.bench.runner import Cell
+
+    out = tmp_path / "run"
+    store = CeilingStore(out / "partial.jsonl")
+    ours = Cell("evict", "ruler-niah", 8192, "contrastkv", 0.1, 100, codec="int8")
+    theirs = Cell("evict", "ruler-niah", 8192, "kvzip", 0.1, 100, codec="int8")
+    ours_f1, theirs_f1 = [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]
+    for i, (x, y) in enumerate(zip(ours_f1, theirs_f1)):
+        item = f"ruler-niah/{i}/8192"
+        store.put(f"o{i}", item, [{"f1": x, "answer": str(x)}], cell=ours.key, ceiling="c")
+        store.put(f"t{i}", item, [{"f1": y, "answer": str(y)}], cell=theirs.key, ceiling="c")
+    A = load_cell(f"{out}#method=contrastkv")
+    assert (A["unfinished"], A["items"], A["budget"]) == (True, 4, 0.1)
+    comparisons, n, same = pair(A, load_cell(f"{out}#method=kvzip"), ("f1",))
+    assert (n, same) == (4, 2)
+    assert comparisons[0].diff == paired_bootstrap(ours_f1, theirs_f1).diff
+    assert (comparisons[0].gained, comparisons[0].lost) == (2, 0)
+    out_text = CliRunner().invoke(bench, ["pair", f"{out}#method=contrastkv",
+                                          f"{out}#method=kvzip"]).output
+    assert "unfinished: 4 items so far" in out_text and "| f1 |" in out_text
+
+    finished = {"key": ours.key, "method": "contrastkv", "codec": "int8", "budget": 0.1,
+                "options": "", "task": "ruler-niah", "model": "m",
+                "per_question": [{"item": "ruler-niah/0/8192", "f1": 1.0}]}
+    _write(out, [finished])
+    assert "unfinished" not in load_cell(f"{out}#method=contrastkv")

@@ -593,3 +593,19 @@ def test_a_second_run_into_the_same_out_is_refused_by_name_and_writes_nothing(tm
     assert out.exit_code == 2, out.output
     assert "InUse" in out.output and str(tmp_path) in out.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl.lock"]
+
+
+def test_a_cells_key_reads_back_into_the_cell():
+    import pytest
+
+    from kvedge.bench.runner import Cell
+
+    cells = [Cell("evict", "ruler-niah", 8192, "contrastkv", 0.1, 100,
+                  codec="rdq:calibrated=true,key_shift=0.5,coder=zstd"),
+             Cell("evict", "squad-evict", 4096, "full", 1.0, 28, per_prompt=12),
+             Cell("reuse", "hotpot-kb", 10, "a3", 0.15, 300, 1, "int8+zstd",
+                  "segment_head=4,boundary=0.1", kb_items=400)]
+    for cell in cells:
+        assert Cell.from_key(cell.key) == cell
+    with pytest.raises(ValueError, match="not a cell key"):
+        Cell.from_key("evict/ruler-niah/8192")
