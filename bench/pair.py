@@ -156,9 +156,9 @@ def _interval(i: Interval | None, spec: str) -> str:
 def describe(a: dict, b: dict, metrics=METRICS) -> list[str]:
     """The comparison as text lines (what `kvctl bench pair` prints)."""
     comparisons, n, same = pair(a, b, metrics)
-    lines = [f"A: {_name(a)} ({a.get('task')}, {a.get('model', '?')}, {len(a['per_question'])} "
+    lines = [f"A: {_name(a)} ({a.get('task')}, {a.get('model') or '?'}, {len(a['per_question'])} "
              f"questions)",
-             f"B: {_name(b)} ({b.get('task')}, {b.get('model', '?')}, {len(b['per_question'])} "
+             f"B: {_name(b)} ({b.get('task')}, {b.get('model') or '?'}, {len(b['per_question'])} "
              f"questions)",
              f"paired: {n} questions, {same} with the same answer text",
              "| metric | A | B | A − B [95 % CI] | A / B [95 % CI] | A higher / B higher |",

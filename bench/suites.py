@@ -267,7 +267,7 @@ class Bench:
 
         def keep(i: int, key, rows: list[dict]) -> None:
             if key:  # with what `kvedge.bench.unfinished` reports them against
-                self._partial.put(key, items[i].key, rows, cell=cell.key,
+                self._partial.put(key, items[i].key, rows, cell=cell.key, model=self.model,
                                   ceiling=self._reference_key(cell, items[i]))
                 self._kept_here.add(key)
             rows_of[i] = rows

@@ -49,21 +49,24 @@ def unfinished(folder: Path) -> list[dict]:
 def cells(folder: Path) -> list[dict]:
     """Each unfinished cell in `folder`/partial.jsonl as a results row would name it — the
     fields of its key (`Cell.from_key`), "unfinished": True, "items" reached so far and
-    "per_question" (each row with its item), items in the order kept — for
-    `kvctl bench pair`. No ceiling is needed; entries from before the bench named their cell
-    are left out."""
+    "per_question" (each row with its item), items in the order kept, and "model" where the
+    entries name it — for `kvctl bench pair`. No ceiling is needed; entries from before the
+    bench named their cell are left out."""
     by_cell: dict[str, list[dict]] = defaultdict(list)
+    models: dict[str, str] = {}
     for e in read_entries(folder / "partial.jsonl").values():
         if "cell" in e:
             by_cell[e["cell"]] += [{"item": e["item"], **r} for r in e["rows"]]
+            models[e["cell"]] = e.get("model") or models.get(e["cell"])
     out = []
     for key, rows in by_cell.items():
         try:
             fields = asdict(Cell.from_key(key))
         except ValueError:
             continue
-        out.append({"key": key, **fields, "items": len({r["item"] for r in rows}),
-                    "questions": len(rows), "unfinished": True, "per_question": rows})
+        out.append({"key": key, **fields, "model": models[key],
+                    "items": len({r["item"] for r in rows}), "questions": len(rows),
+                    "unfinished": True, "per_question": rows})
     return out
 
 

@@ -103,10 +103,11 @@ def test_an_unfinished_cell_pairs_over_its_items_so_far(tmp_path):
     ours_f1, theirs_f1 = [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]
     for i, (x, y) in enumerate(zip(ours_f1, theirs_f1)):
         item = f"ruler-niah/{i}/8192"
-        store.put(f"o{i}", item, [{"f1": x, "answer": str(x)}], cell=ours.key, ceiling="c")
+        store.put(f"o{i}", item, [{"f1": x, "answer": str(x)}], cell=ours.key, ceiling="c",
+                  model="m")
         store.put(f"t{i}", item, [{"f1": y, "answer": str(y)}], cell=theirs.key, ceiling="c")
     A = load_cell(f"{out}#method=contrastkv")
-    assert (A["unfinished"], A["items"], A["budget"]) == (True, 4, 0.1)
+    assert (A["unfinished"], A["items"], A["budget"], A["model"]) == (True, 4, 0.1, "m")
     comparisons, n, same = pair(A, load_cell(f"{out}#method=kvzip"), ("f1",))
     assert (n, same) == (4, 2)
     assert comparisons[0].diff == paired_bootstrap(ours_f1, theirs_f1).diff

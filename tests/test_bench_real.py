@@ -336,6 +336,11 @@ def test_item_by_item_runs_resume_from_partial_and_ceilings_alone(fake_data, tmp
     report = CliRunner().invoke(bench, ["report", "--out", str(first)])
     assert report.exit_code == 0, report.output
     assert "## Unfinished cells, so far" in (first / "report.md").read_text()
+    paired = CliRunner().invoke(bench, ["pair", f"{first}#method=snapkv",
+                                        f"{first}#method=streamingllm"])  # the rows so far
+    assert paired.exit_code == 0, paired.output
+    assert "(ruler-niah, tiny-llama, 1 questions)" in paired.output
+    assert "unfinished: 1 items so far" in paired.output
 
     second = tmp_path / "second"
     second.mkdir()
