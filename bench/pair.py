@@ -32,13 +32,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvedge.bench import unfinished
 from kvedge.bench.bootstrap import Interval, contexts_of, paired_bootstrap
 from kvedge.bench.hotpot_kb import parse_item_key
 from kvedge.bench.qa_report import _label
 from kvedge.bench.real import HOTPOT_KB
 from kvedge.bench.report import load
 from kvedge.bench.runner import codec_of, row_key
-from kvedge.bench import unfinished
 
 METRICS = ("f1", "contain", "em")
 
