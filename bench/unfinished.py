@@ -27,13 +27,14 @@ def unfinished(folder: Path) -> list[dict]:
     their 95 % intervals, resampling items)}, cells in the order first kept. Entries from
     before the bench named their cell are left out."""
     refs = {key: e["rows"] for key, e in read_entries(folder / "ceilings.jsonl").items()}
-    by_cell: dict[str, list[tuple[str, list[dict], list[dict]]]] = defaultdict(list)
-    for e in read_entries(folder / "partial.jsonl").values():
-        ref = refs.get(e.get("ceiling"))
-        if "cell" in e and ref is not None and len(ref) == len(e["rows"]):
-            by_cell[e["cell"]].append((e["item"], e["rows"], ref))
+    by_cell = {cell: [(e["item"], e["rows"], ref) for e in entries
+                      if (ref := refs.get(e.get("ceiling"))) is not None
+                      and len(ref) == len(e["rows"])]
+               for cell, entries in _by_cell(folder).items()}
     out = []
     for cell, kept in by_cell.items():
+        if not kept:
+            continue
         rows = [r for _, own, _ in kept for r in own]
         ceiling = [r for _, _, ref in kept for r in ref]
         items = [item for item, own, _ in kept for _ in own]
@@ -52,22 +53,28 @@ def cells(folder: Path) -> list[dict]:
     "per_question" (each row with its item), items in the order kept, and "model" where the
     entries name it — for `kvctl bench pair`. No ceiling is needed; entries from before the
     bench named their cell are left out."""
-    by_cell: dict[str, list[dict]] = defaultdict(list)
-    models: dict[str, str] = {}
-    for e in read_entries(folder / "partial.jsonl").values():
-        if "cell" in e:
-            by_cell[e["cell"]] += [{"item": e["item"], **r} for r in e["rows"]]
-            models[e["cell"]] = e.get("model") or models.get(e["cell"])
     out = []
-    for key, rows in by_cell.items():
+    for key, entries in _by_cell(folder).items():
         try:
             fields = asdict(Cell.from_key(key))
         except ValueError:
             continue
-        out.append({"key": key, **fields, "model": models[key],
-                    "items": len({r["item"] for r in rows}), "questions": len(rows),
-                    "unfinished": True, "per_question": rows})
+        rows = [{"item": e["item"], **r} for e in entries for r in e["rows"]]
+        out.append({"key": key, **fields,
+                    "model": next((e["model"] for e in entries if e.get("model")), None),
+                    "items": len(entries), "questions": len(rows), "unfinished": True,
+                    "per_question": rows})
     return out
+
+
+def _by_cell(folder: Path) -> dict[str, list[dict]]:
+    """`folder`/partial.jsonl's entries by the cell they name (one an item), cells in the
+    order first kept; entries from before the bench named their cell are left out."""
+    by_cell: dict[str, list[dict]] = defaultdict(list)
+    for e in read_entries(folder / "partial.jsonl").values():
+        if "cell" in e:
+            by_cell[e["cell"]].append(e)
+    return by_cell
 
 
 def _fmt(paired: dict | None, what: str) -> str:
@@ -80,8 +87,8 @@ def _fmt(paired: dict | None, what: str) -> str:
 
 def table(folder: Path) -> list[str]:
     """Markdown lines: the unfinished cells so far (none: no lines)."""
-    cells = unfinished(folder)
-    if not cells:
+    so_far = unfinished(folder)
+    if not so_far:
         return []
     lines = ["## Unfinished cells, so far (OUT/partial.jsonl)", "",
              "Each cell over the first items it reached, against its ceiling (full KV in "
@@ -90,7 +97,7 @@ def table(folder: Path) -> list[str]:
              "| cell | items | questions | score | ceiling | score − ceiling | F1 "
              "| F1 − ceiling |",
              "|---|---|---|---|---|---|---|---|"]
-    for c in cells:
+    for c in so_far:
         score, f1 = c.get("score"), c.get("f1")
         lines.append(f"| {c['cell']} | {c['items']} | {c['questions']} | {_fmt(score, 'mean')} "
                      f"| {_fmt(score, 'ceiling')} | {_fmt(score, 'diff')} | {_fmt(f1, 'mean')} "
