@@ -374,7 +374,9 @@ def run_cmd(preset_name, quick, model, out_dir, codecs, breakdown, anchored, doc
         try:
             if by_item:
                 runner.run_by_item(todo_cells(p, results, codecs),
-                                   progress=lambda items: tqdm(items, desc="items"))
+                                   progress=lambda items: tqdm(items, desc="items",
+                                                               initial=items.start,
+                                                               total=items.stop))
             rows = run_grid(p, results, runner.run, codecs=codecs,
                             progress=lambda cells: tqdm(cells, desc="cells"))
         finally:

@@ -234,18 +234,36 @@ class Bench:
         `partial.jsonl` and `ceilings.jsonl` alone, with no kept scores. Questions are
         asked one item at a time (`concurrent` still spans one context's questions).
         kvpress's presses run in a process of their own per call, so they are left to
-        `run`; returns the cells measured here."""
+        `run`; returns the cells measured here.
+
+        The leading items an earlier run kept for every cell (`_item_kept`) are not visited:
+        `progress` gets the range of items from the first one left (its `start`: the items
+        done), so a progress bar over it rates and times only what this run measures."""
         if self._partial is None:
             raise InvalidRequest("measuring item by item needs a partial store to keep "
                                  "the rows in (Bench(partial=...))")
         cells = [c for c in cells if not c.method.startswith(KVPRESS)]
         items_of = [self._items(cell) for cell in cells]
-        for i in progress(range(max(map(len, items_of), default=0))):
+        n = max(map(len, items_of), default=0)
+        start = next((i for i in range(n) if not all(
+            self._item_kept(cell, items[i]) for cell, items in zip(cells, items_of)
+            if i < len(items))), n)
+        for i in progress(range(start, n)):
             for cell, items in zip(cells, items_of):
                 if i < len(items):
                     self._run(cell, items[i:i + 1])
                     self._ceiling(items[i], self._reference_cell(cell))  # as `run` reads it
         return cells
+
+    def _item_kept(self, cell: Cell, item: QAItem) -> bool:
+        """Whether an earlier run kept `cell`'s rows for `item` — its partial rows, or where
+        the cell is its own ceiling its ceiling's — and the ceilings they are judged by."""
+        if self._store is None:
+            return False
+        for judge in (self._ceiling_cell(cell), self._reference_cell(cell)):
+            if self._store.get(ceiling_key(item, **self._prompt_settings(judge))) is None:
+                return False
+        return _is_ceiling(cell) or self._partial.get(self._partial_key(cell, item)) is not None
 
     def _by_item(self, cell: Cell, items: list[QAItem], measure, submit=None,
                  threads: bool = False) -> list[dict]:
@@ -329,7 +347,7 @@ class Bench:
             return summarize(with_items(outcomes, items), ceilings)  # items: intervals' clusters
 
         ceilings = self._ceilings_of(cell, items)
-        if (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], ""):
+        if _is_ceiling(cell):
             return summarize_(ceilings, ceilings)  # the ceiling is its own cell
         if cell.method.startswith(KVPRESS):
             press = cell.method[len(KVPRESS):]
@@ -673,6 +691,11 @@ class SharedContext:
         cache = copy_cache(self.context, len(composed.question_ids) + reserve, seq_len)
         return Plan(cache, torch.tensor(composed.question_ids), composed.question_positions(),
                     recomputed=composed.n_context)
+
+
+def _is_ceiling(cell: Cell) -> bool:
+    """The cell is its suite's ceiling (recompute, full KV): its rows are the ceiling's."""
+    return (cell.method, cell.budget, cell.options) == (*CEILING[cell.suite], "")
 
 
 def copy_cache(cache, reserve: int, seq_len: int):

@@ -346,8 +346,20 @@ def test_item_by_item_runs_resume_from_partial_and_ceilings_alone(fake_data, tmp
     second.mkdir()
     for kept in ("partial.jsonl", "ceilings.jsonl"):
         shutil.copy(first / kept, second / kept)
+    import tqdm
+
+    bars, tqdm_ = [], tqdm.tqdm
+
+    def kept_bar(iterable=None, **kw):  # what the by-item bar is told
+        bars.append((kw.get("desc"), kw.get("initial"), kw.get("total"), list(iterable)))
+        return tqdm_(iterable, **kw)
+
+    monkeypatch.setattr(tqdm, "tqdm", kept_bar)
     out = CliRunner().invoke(bench, args(second, "--by-item"))
     assert out.exit_code == 0, out.output
+    # item 1 is every cell's already: the bar starts after it, timing item 2 alone
+    assert [b for b in bars if b[0] == "items"] == [("items", 1, 2, [1])]
+    monkeypatch.setattr(tqdm, "tqdm", tqdm_)
     plain = CliRunner().invoke(bench, args(tmp_path / "plain"))
     assert plain.exit_code == 0, plain.output
     resumed = {r["method"]: r for r in load(second / "results.jsonl")}
