@@ -178,7 +178,7 @@ class HotpotKB:
 
     def ask(self, item: QAItem, strategy: str, options: dict, max_new_tokens: int) -> dict:
         """The item's question asked through `EdgeEngine.ask` with `strategy` and `options`:
-        the answer and what it cost, in the names `kvedge.bench.suites.summarize` reads."""
+        the answer and what it cost, in the names `kvedge.bench.cell_summary.summarize` reads."""
         question, = item.questions
         engine = self.services.engine
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """The report's real-QA tables: HotpotQA's official EM, F1 and containment per setting (a
 reuse strategy, an eviction method at a budget), each against the ceiling on the same
 questions (recompute; full KV) with 95 % paired bootstrap intervals
-(`kvedge.bench.suites.intervals`), and the median TTFT ratio. One table per real task ×
+(`kvedge.bench.cell_summary.intervals`), and the median TTFT ratio. One table per real task ×
 length (`kvedge.bench.real.REAL_TASKS`); "correct" counts the answers that contain the gold
 answer. A ceiling read from OUT/ceilings.jsonl was timed by an earlier run: the table says
 how many questions' were.

@@ -163,7 +163,7 @@ def true_attention(rt, composed, answer_pos: int) -> list[float]:
 
 
 def oracle(bench, asked, options):
-    from kvedge.bench.suites import scored
+    from kvedge.bench.cell_summary import scored
     from kvedge.edge.strategies import get_strategy
 
     rows: dict[str, list[dict]] = {"recompute": [], "samkv": [], "samkv + gold forced": []}

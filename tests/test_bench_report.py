@@ -156,9 +156,9 @@ def test_a_smaller_run_is_paired_with_a_larger_fp16_runs_first_questions(tmp_pat
 
 def test_a_cell_that_recorded_full_kvs_f1_needs_no_fp16_cell(tmp_path):
     """An eviction cell whose questions carry fp16 full KV's F1 (`full_kv_f1`, recorded beside
-    it from the run's kept fp16 ceilings, `suites.against_full`) gets its F1-over-fp16 point
+    it from the run's kept fp16 ceilings, `cell_summary.against_full`) gets its F1-over-fp16 point
     and paired interval with no fp16 full-KV cell in the results."""
-    from kvedge.bench.suites import against_full
+    from kvedge.bench.cell_summary import against_full
 
     fp16 = [{"score": 1.0, "f1": f} for f in (1.0, 0.5, 0.0, 0.5)]
     mine = [{"f1": f, "answer": str(f), "item": f"squad/{i // 2}/4096"}

@@ -3,11 +3,12 @@ import json
 
 from click.testing import CliRunner
 
+from kvedge.bench.cell_summary import scores
 from kvedge.bench.cli import bench, preset
 from kvedge.bench.datasets import FACTS, demo_kb_items
 from kvedge.bench.report import load
 from kvedge.bench.runner import run_grid
-from kvedge.bench.suites import Bench, scores
+from kvedge.bench.suites import Bench
 from kvedge.bench.tasks import Question
 
 
