@@ -73,12 +73,14 @@ def _cell(rows: list[dict], method: str, **fields) -> dict:
     return found[0]
 
 
-def _f1_diff(cell: str, row: dict, ceiling: dict) -> None:
-    """`cell` is F1 − the ceiling's with its interval as the run's report gave them (the row's
-    own intervals) or as `kvctl bench pair` gives them: the sections quote one or the other,
-    two draws of the same bootstrap whose ends can differ in the third decimal."""
+def _f1_diff(cell: str, row: dict, ceiling: dict, what: str = "diff") -> None:
+    """`cell` is F1 − the ceiling's (`what` "ratio": F1 / the ceiling's) with its interval as
+    the run's report gave them (the row's own intervals) or as `kvctl bench pair` gives them:
+    the sections quote one or the other, two draws of the same bootstrap whose ends can
+    differ in the third decimal."""
     (f1,), _, _ = pair(row, ceiling, metrics=("f1",))
-    drawn = [row["intervals"]["f1"]["diff"], [f1.diff.value, f1.diff.low, f1.diff.high]]
+    paired = getattr(f1, what)
+    drawn = [row["intervals"]["f1"][what], [paired.value, paired.low, paired.high]]
     errors = []
     for values in drawn:
         try:
@@ -96,6 +98,10 @@ def test_hotpot_fixed_qwen_column_is_the_reference_rows():
     _f1_diff(qwen["legolink (the default)"], _cell(rows, "legolink"), recompute)
     _f1_diff(qwen["a3 @ 0.15, `segment_head=4`"], _cell(rows, "a3", options="segment_head=4"),
              recompute)
+    target = _table("**The issue's targets**")
+    measured = next(cells[0] for label, cells in target.items() if "10 paragraphs" in label)
+    assert measured.startswith("legolink ")
+    _f1_diff(measured, _cell(rows, "legolink"), recompute, "ratio")
 
 
 STRATEGIES = {"recompute", "legolink", "sparsex", "cacheblend", "epic", "a3", "samkv", "pie",
