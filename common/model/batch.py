@@ -27,13 +27,18 @@ from kvedge.common.model.runtime import Runtime, rms_norm
 
 # CPU BLAS (MKL/oneDNN) rounds a row differently by the kernel that computes it: one row is a
 # matrix-vector product, and rows of a partial 4-row panel take another path than rows of full
-# ones. With the row count padded to a multiple of 4 every row gets the same bits whatever the
-# count (measured for 1–64 rows on every weight shape of SmolLM2 and the tiny models, 1 and 2
-# threads), so an answer is the same alone or in any batch. The price is paid by a request
-# decoding alone: on 2 CPU cores SmolLM2's matmuls take ~90 ms for 4 rows against ~50 ms for
-# the one row of a matrix-vector product. `row_multiple=1` gives that back (one request alone
-# then computes exactly what `Runtime.forward` does) and lets batched rows differ from lone
-# ones in the last bits.
+# ones. With the row count padded to a multiple of 4 every row got the same bits whatever the
+# count on the machines this was first measured on (1–64 rows on every weight shape of SmolLM2
+# and the tiny models, 1 and 2 threads), so an answer is the same alone or in any batch. That
+# is the CPU's choice, not a rule: on an AVX-512/AMX Xeon (2026-12-01) MKL's default mode
+# needed 16 rows for most shapes and no multiple up to 32 for 576×1536 at 2 threads. MKL's
+# strict reproducible mode (`kvedge.common` sets `MKL_CBWR=AUTO,STRICT`) gives every row the
+# same bits from 1 row; where the load-time probe finds that (`Runtime.decode_rows_invariant`,
+# fp32 included) a step pads nothing, and ROW_MULTIPLE is only the fallback. Padding costs a
+# request decoding alone: on 2 CPU cores SmolLM2's matmuls took ~90 ms for 4 rows against
+# ~50 ms for the one row of a matrix-vector product. `row_multiple=1` gives that back (one
+# request alone then computes exactly what `Runtime.forward` does) and, without the strict
+# mode, lets batched rows differ from lone ones in the last bits.
 ROW_MULTIPLE = 4
 
 # Rows a step may fill with draft tokens (prompt lookup, `kvedge.common.model.speculate`).
@@ -68,10 +73,10 @@ def spec_rows_for(rt: Runtime) -> int:
 
 
 def row_multiple(rt: Runtime, invariant: bool) -> int:
-    """The row count a step pads to: ROW_MULTIPLE for batch-invariant fp32 steps; 1 when
-    invariance is not asked for, or when the step's weights round every row the same whatever
-    the count (int8's kernel, and fp16 or bf16 where `quant.rows_invariant` found it so:
-    `Runtime.decode_rows_invariant`)."""
+    """The row count a step pads to: 1 when invariance is not asked for, or when the step's
+    weights round every row the same whatever the count (int8's kernel, and fp32, fp16 or
+    bf16 where `quant.rows_invariant` found it so: `Runtime.decode_rows_invariant`); else
+    ROW_MULTIPLE."""
     return ROW_MULTIPLE if invariant and not rt.decode_rows_invariant else 1
 
 

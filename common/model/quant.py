@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -99,10 +100,11 @@ class Fp16Weight:
     random 1,300-token context: 12 of 12 greedy tokens equal, int8 4 of 12). Where the CPU
     has no fast fp16 path (AVX2) it may be slower than fp32: measure before choosing it
     (`python -m kvedge.bench.decode_speed` prints the fp16 weight pass). Its steps are padded
-    to ROW_MULTIPLE rows as fp32's are (`batch.row_multiple`): no row-invariance is claimed
-    for the CPU's fp16 matmul — unless `rows_invariant` finds it so on the CPU at hand, as it
-    did on that one (1–64 rows, every weight shape of Qwen2.5-0.5B and SmolLM2), where the
-    step then pads nothing (`Runtime.decode_rows_invariant`)."""
+    to ROW_MULTIPLE rows (`batch.row_multiple`): no row-invariance is claimed for the CPU's
+    fp16 matmul — unless `rows_invariant` finds it so on the CPU at hand, as it did on that
+    one (1–64 rows, every weight shape of Qwen2.5-0.5B and SmolLM2), where the step then
+    pads nothing (`Runtime.decode_rows_invariant`). On an AVX-512/AMX Xeon (2026-12-01) it
+    was not, at any shape probed."""
 
     dtype = torch.float16  # what the weight is kept in, and the activations are cast to
 
@@ -159,18 +161,22 @@ def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
     alone, on this machine — what padding steps to ROW_MULTIPLE buys, had without padding.
 
     Kernels pick their path by shape, not by values, so the check runs once per distinct
-    shape of `weights` (Int8Weight / Fp16Weight objects), on seeded random weights of the
-    same class and shape, the output width cut to `out` (an LM head's 150K rows at 64 rows
-    took 0.6 s a product; the reduction over the input width, where a row's rounding is
-    decided, is kept whole). Decision: a probe at load rather than a list of CPUs — fp16's
-    CPU matmul was row-invariant on an AVX-512 machine (2026-11-27, 1–64 rows at full
-    shapes) while fp32 BLAS is not on any machine this project has had, and nothing
-    documents either. It takes 0.2 s at load on Qwen2.5-0.5B, 0.1 s on SmolLM2 (quiet, 2 cores)."""
+    shape of `weights` (fp32 tensors, multiplied as a step does by `F.linear`, or Int8Weight
+    / Fp16Weight / Bf16Weight objects), on seeded random weights of the same class and
+    shape, the output width cut to `out` (an LM head's 150K rows at 64 rows took 0.6 s a
+    product; the reduction over the input width, where a row's rounding is decided, is kept
+    whole). Decision: a probe at load rather than a list of CPUs — fp16's CPU matmul was
+    row-invariant on an AVX-512 machine (2026-11-27, 1–64 rows at full shapes); fp32 BLAS
+    was not on any machine this project had in MKL's default mode, and is in its strict
+    reproducible mode (`kvedge.common`, which asks for it); nothing documents either for a
+    given CPU. It takes 0.2 s at load on Qwen2.5-0.5B, 0.1 s on SmolLM2 (quiet, 2 cores)."""
     shapes = {(type(w), tuple(w.shape)) for w in weights}
     device = {w.device for w in weights}
     gen = torch.Generator().manual_seed(0)
     for cls, (n, k) in sorted(shapes, key=lambda c: (c[0].__name__, c[1])):
-        w = cls(torch.randn(min(n, out), k, generator=gen).to(*device))
+        weight = torch.randn(min(n, out), k, generator=gen).to(*device)
+        w = functools.partial(F.linear, weight=weight) if issubclass(cls, torch.Tensor) \
+            else cls(weight)
         x = torch.randn(max(rows), k, generator=gen).to(*device)
         alone = torch.cat([w(x[i:i + 1]) for i in range(max(rows))])
         if not all(torch.equal(w(x[:m]), alone[:m]) for m in rows):

@@ -204,9 +204,9 @@ class Runtime:
         (`auto_decode_weights` picks fp32 or fp16; `decode_choice` says why).
         Forwards over a prompt read `prompt_layers` (`use_prompt_weights`). Set it between
         steps (the scheduler's thread reads it per step). `decode_rows_invariant` says whether
-        the copies' products were found row-invariant on this machine
-        (`quant.rows_invariant`, checked once per format: steps over them need no padding
-        rows); fp32 BLAS is taken as not (`kvedge.common.model.batch.ROW_MULTIPLE`)."""
+        the products were found row-invariant on this machine (`quant.rows_invariant`,
+        checked once per format, fp32's own weights included: steps over them need no
+        padding rows, `kvedge.common.model.batch.ROW_MULTIPLE`)."""
         if fmt == AUTO_DECODE:
             fmt, self.decode_choice = self.auto_decode_weights()
         else:
@@ -218,7 +218,7 @@ class Runtime:
         """(layers, head, row-invariant) of `fmt`'s decode weights, built and probed once."""
         if fmt not in self._decode:
             layers, head = decode_weights(self.layers, self.lm_head, fmt)
-            invariant = fmt != "fp32" and rows_invariant(products(layers, head))
+            invariant = rows_invariant(products(layers, head))
             self._decode[fmt] = layers, head, invariant
         return self._decode[fmt]
 

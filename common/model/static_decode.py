@@ -48,11 +48,11 @@ The layout, and the decisions behind it:
 - **Off on the CPU**: no graph there, and eager this step was level with the unpadded
   `decode_step` (SmolLM2, 1.3K: 66.5 against 66.0 ms, docs/serving.md), while the served CPU
   step drafts and is batch-invariant — a lone answer's tokens bit for bit those it gets in
-  any batch. This step is neither (Exactness above). On CUDA that invariance is not
-  established anyway: the step runs the model's own weights, for which
-  `Runtime.decode_rows_invariant` is False, so `batch.row_multiple` pads to ROW_MULTIPLE
-  rows — a padding measured to give every row the same bits only for CPU BLAS; nobody has
-  measured whether cuBLAS does.
+  any batch. This step is neither (Exactness above). On CUDA that invariance is whatever
+  the load-time probe finds for cuBLAS (`Runtime.decode_rows_invariant`, the model's own
+  weights included): where it fails, `batch.row_multiple` pads to ROW_MULTIPLE rows — a
+  padding measured to give every row the same bits only for some CPUs' BLAS; nobody has
+  measured whether it does so for cuBLAS.
 """
 from __future__ import annotations
 
