@@ -327,8 +327,8 @@ def per_call_s(call, calls: int) -> float:
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
-    scheduler's batched step at each batch size as served (fp32 weights padded to ROW_MULTIPLE
-    rows; int8 and fp16 padded only where `Runtime.decode_rows_invariant` says they need it),
+    scheduler's batched step at each batch size as served (each format's weights padded to
+    ROW_MULTIPLE rows only where `Runtime.decode_rows_invariant` says they need it),
     and `Runtime.forward` of one token (how a request decoded alone
     before batching) — where the throughput of a batch comes from."""
     import torch
@@ -352,9 +352,10 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
         return per_call_s(step, steps)
 
     costs = {}
+    served = row_multiple(rt, invariant=True)
     for n in batches:
         states = [request() for _ in range(n)]
-        costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states))
+        costs[f"batch of {n}"] = timed(lambda: decode_step(rt, states, served))
     alone = [request()]
     costs["batch of 1 unpadded"] = timed(lambda: decode_step(rt, alone, row_multiple=1))
     for fmt in ("int8", "fp16", "bf16"):

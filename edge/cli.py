@@ -85,9 +85,10 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--max-queue", type=click.IntRange(0), default=64, show_default=True,
               help="asks waiting beyond the batch; more are refused RESOURCE_EXHAUSTED")
 @click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
-              help="an answer never depends on what shares its decode steps; an answer decoded "
-              "alone runs 4-row steps for it (~1.6x per token on CPU, less where its "
-              "--spec-rows drafts fill those rows: docs/serving.md)")
+              help="an answer never depends on what shares its decode steps; no padding where the "
+              "load-time probe finds the weights' products row-invariant (MKL's strict mode, "
+              "int8); else an answer decoded alone runs 4-row steps for it (~1.6x per token "
+              "on CPU, less where its --spec-rows drafts fill those rows: docs/serving.md)")
 @click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
               help="rows a decode step may fill with draft tokens copied from the prompt "
               "(prompt-lookup speculation; greedy answers unchanged) [default: 8, 4 with "
