@@ -34,25 +34,20 @@ def measure(model: str, context: int, steps: int, threads: int) -> dict:
 
     import torch
 
-    from kvedge.bench.load import per_call_s
+    from kvedge.bench.load import dense_requests, per_call_s
     from kvedge.common.model.batch import ROW_MULTIPLE, decode_step
-    from kvedge.common.model.decoding import Decoding, Prompt
     from kvedge.common.model.models import load_model
     from kvedge.common.model.runtime import Runtime
 
     torch.set_num_threads(threads)
     rt = Runtime(load_model(model))
-    ids = torch.randint(0, rt.config.vocab_size, (context + 1,),
-                        generator=torch.Generator().manual_seed(0))
-    rt.prefill(ids[:64], logits="none")  # warm-up
+    rt.prefill(torch.arange(64), logits="none")  # warm-up
     start = time.perf_counter()
-    pre = rt.prefill(ids[:context], logits="none")
+    make = dense_requests(rt, context)
     prefill_s = time.perf_counter() - start
 
     def step_ms(rows: int) -> float:
-        cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=steps + 2)
-        state = Decoding.start(rt, Prompt(cache, ids[context:], torch.tensor([context])),
-                               steps + 2)
+        state = make(steps + 2, steps + 2)
         return 1e3 * per_call_s(lambda: decode_step(rt, [state], rows), steps)
 
     return {"mkl_cbwr": os.environ.get("MKL_CBWR"), "invariant": rt.decode_rows_invariant,
@@ -84,11 +79,10 @@ def table(runs: dict[str, list[dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from kvedge.bench.decode_speed import add_decode_options
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--context", type=int, default=1300)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2)
+    add_decode_options(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

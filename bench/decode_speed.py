@@ -86,24 +86,18 @@ def weight_pass_ms(loaded, dtype, repeats: int = 10, n_rows: int = 1) -> float:
 def static_rows(model: str, context: int, steps: int, seed: int = 0) -> dict[str, float]:
     """ms per token of `StaticDecode.step`, eager and compiled, per decode weights; also the
     compile's seconds and max |Δlogits| (compiled vs eager) as rows of their own."""
-    import torch
     import torch._inductor.config as inductor
 
-    from kvedge.common.model.decoding import Decoding, Prompt
+    from kvedge.bench.load import dense_requests
     from kvedge.common.model.models import load_model
     from kvedge.common.model.runtime import Runtime
     from kvedge.common.model.static_decode import StaticDecode
 
     rt = Runtime(load_model(model))
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, rt.config.vocab_size, (context + 1,), generator=gen)
-    pre = rt.prefill(ids[:context], logits="none")
+    make = dense_requests(rt, context, seed)
 
     def fresh() -> StaticDecode:
-        cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=2)
-        state = Decoding.start(rt, Prompt(cache, ids[context:], torch.tensor([context])),
-                               steps + 10)
-        return StaticDecode(rt, state, steps=steps + 10)
+        return StaticDecode(rt, make(2, steps + 10), steps=steps + 10)
 
     rows = {}
     with inductor.patch(freezing=True):  # weights as constants: CPU inference's recipe
@@ -139,6 +133,15 @@ def _compiled_vs_eager(fresh, weights: str, steps: int) -> dict[str, float]:
     return rows
 
 
+def add_decode_options(ap) -> None:
+    """The model, context, timed steps and threads of a decode measurement (also
+    `kvedge.bench.blas_mode`'s)."""
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--context", type=int, default=1300)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -148,10 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     from kvedge.common.model.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--context", type=int, default=1300)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2)
+    add_decode_options(ap)
     ap.add_argument("--compile", action="store_true",
                     help="also the fixed-buffer step, eager and under torch.compile")
     args = ap.parse_args(argv)

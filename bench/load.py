@@ -324,6 +324,25 @@ def per_call_s(call, calls: int) -> float:
     return (time.perf_counter() - start) / (calls - 1)
 
 
+def dense_requests(rt, context: int, seed: int = 0):
+    """`make(reserve, max_new_tokens)`: a fresh request decoding over a dense copy of one
+    random `context`-token prompt's cache, the prompt prefilled once, here (time this call
+    for a prefill's cost)."""
+    import torch
+
+    from kvedge.common.model.decoding import Decoding, Prompt
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, rt.config.vocab_size, (context + 1,), generator=gen)
+    pre = rt.prefill(ids[:context], logits="none")
+
+    def make(reserve: int, max_new_tokens: int) -> Decoding:
+        cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=reserve)
+        return Decoding.start(rt, Prompt(cache, ids[context:], torch.tensor([context])),
+                              max_new_tokens)
+    return make
+
+
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
@@ -334,19 +353,15 @@ def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int 
     import torch
 
     from kvedge.common.model.batch import decode_step, row_multiple
-    from kvedge.common.model.decoding import Decoding, Prompt
+    from kvedge.common.model.decoding import Decoding
     from kvedge.common.model.models import load_model
     from kvedge.common.model.runtime import Runtime
 
     rt = Runtime(load_model(model))
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, rt.config.vocab_size, (context + 1,), generator=gen)
-    pre = rt.prefill(ids[:context], logits="none")
+    make = dense_requests(rt, context, seed)
 
     def request() -> Decoding:
-        cache = rt.dense_cache(pre.keys, pre.values, torch.arange(context), reserve=steps + 2)
-        return Decoding.start(rt, Prompt(cache, ids[context:], torch.tensor([context])),
-                              steps + 2)
+        return make(steps + 2, steps + 2)
 
     def timed(step) -> float:
         return per_call_s(step, steps)
