@@ -9,8 +9,8 @@ child process of its own (`MKL_CBWR=AUTO` for the default), the modes alternatin
 `--rounds` times so that a loaded machine's drift falls on both; the table gives each
 mode's median and strict / default. Per child:
 
-- the load-time probe's verdict on the model's fp32 weights (`quant.rows_invariant`,
-  `Runtime.decode_rows_invariant`): whether a step needs padding rows at all;
+- the load-time probe's verdict on the model's fp32 weights (`quant.invariant_multiple`,
+  `Runtime.decode_row_multiple`): whether a step needs padding rows at all;
 - a prefill of `--context` random tokens (`Runtime.prefill`, seconds): what the cloud's
   packs, the bench's ceilings and every recompute pay;
 - one request's decode step over that context (`batch.decode_step`, ms), unpadded and
@@ -50,7 +50,7 @@ def measure(model: str, context: int, steps: int, threads: int) -> dict:
         state = make(steps + 2, steps + 2)
         return 1e3 * per_call_s(lambda: decode_step(rt, [state], rows), steps)
 
-    return {"mkl_cbwr": os.environ.get("MKL_CBWR"), "invariant": rt.decode_rows_invariant,
+    return {"mkl_cbwr": os.environ.get("MKL_CBWR"), "invariant": rt.decode_row_multiple == 1,
             "prefill_s": prefill_s,
             "step_1_row_ms": step_ms(1), f"step_{ROW_MULTIPLE}_rows_ms": step_ms(ROW_MULTIPLE)}
 

@@ -6,8 +6,8 @@ steps after a warm one:
 
 - the scheduler's `decode_step`, unpadded and padded to `ROW_MULTIPLE` rows (the served
   default, batch-invariant), with int8, fp16 and bf16 weights (`kvedge serve --decode-weights
-  int8|fp16|bf16`, padded only where the load-time probe found them not row-invariant:
-  `Runtime.decode_rows_invariant`), and `Runtime.forward` of one token
+  int8|fp16|bf16`, padded to the row multiple the load-time probe found:
+  `Runtime.decode_row_multiple`), and `Runtime.forward` of one token
   (`bench.load.decode_costs`);
 - transformers' own forward with its `DynamicCache` (the reference implementation);
 - one pass over every 2-D weight with one row, in fp32, bf16 and fp16: what the matmuls of a

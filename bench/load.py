@@ -346,8 +346,8 @@ def dense_requests(rt, context: int, seed: int = 0):
 def decode_costs(model: str, context: int = 560, batches=(1, 4, 16), steps: int = 5,
                  seed: int = 0) -> dict[str, float]:
     """Seconds per decode step in this process over random `context`-token dense caches: the
-    scheduler's batched step at each batch size as served (each format's weights padded to
-    ROW_MULTIPLE rows only where `Runtime.decode_rows_invariant` says they need it),
+    scheduler's batched step at each batch size as served (each format's steps padded to
+    the row multiple its load-time probe found, `Runtime.decode_row_multiple`),
     and `Runtime.forward` of one token (how a request decoded alone
     before batching) — where the throughput of a batch comes from."""
     import torch

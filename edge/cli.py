@@ -87,8 +87,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
 @click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
               help="an answer never depends on what shares its decode steps; no padding where the "
               "load-time probe finds the weights' products row-invariant (MKL's strict mode, "
-              "int8); else an answer decoded alone runs 4-row steps for it (~1.6x per token "
-              "on CPU, less where its --spec-rows drafts fill those rows: docs/serving.md)")
+              "int8); else an answer decoded alone runs steps of the least padding the probe "
+              "finds invariant, 2 or 4 rows (up to ~1.6x per token on CPU, less where its "
+              "--spec-rows drafts fill those rows: docs/serving.md)")
 @click.option("--spec-rows", type=click.IntRange(0, 64), default=None,
               help="rows a decode step may fill with draft tokens copied from the prompt "
               "(prompt-lookup speculation; greedy answers unchanged) [default: 8, 4 with "
@@ -101,9 +102,9 @@ def generate_cmd(prompt, model_name, max_new_tokens, temperature, seed):
               "decode on CPU), fp16 (near fp32's logits; fast only on CPUs with a fast "
               "fp16 path, e.g. AVX-512; slow for many rows), bf16 (fast for batched steps on "
               "CPUs with a bf16 GEMM such as avx512_bf16: a busy edge's choice) or auto (fp16 "
-              "where a probe at load finds it row-invariant and 1.5x faster than fp32, else "
-              "fp32); int8, fp16 and bf16 answers are judged by agreement, not bit-exact "
-              "(docs/serving.md)")
+              "where a probe at load finds its steps row-invariant, unpadded or padded to 2 "
+              "or 4 rows, and 1.5x faster at those rows than fp32, else fp32); int8, fp16 "
+              "and bf16 answers are judged by agreement, not bit-exact (docs/serving.md)")
 @click.option("--prompt-weights", type=click.Choice((*PROMPT_WEIGHTS, AUTO_DECODE)),
               default=AUTO_DECODE, show_default=True,
               help="weights every forward over a prompt reads (an answer's start: the reuse "

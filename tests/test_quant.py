@@ -98,7 +98,7 @@ def test_int8_decode_is_batch_invariant_unpadded_and_close_to_fp32(name):
         assert float((alone - exact[i]).abs().max()) < 0.1 * float(exact[i].std())
     assert torch.equal(rt.prefill(prompt).logits, before)
     rt.use_decode_weights("fp32")  # padded unless MKL's strict mode made fp32 invariant
-    assert row_multiple(rt, invariant=True) == (1 if rt.decode_rows_invariant else ROW_MULTIPLE)
+    assert row_multiple(rt, invariant=True) == (rt.decode_row_multiple or ROW_MULTIPLE)
     assert rt.decode_layers is rt.layers and rt.decode_head is rt.lm_head
 
 
@@ -141,7 +141,7 @@ def test_half_decode_pads_as_its_probe_says_and_stays_near_fp32(name, fmt):
     step's (fp16's 11-bit mantissas within 2 % of their spread, bf16's 8-bit within 10 %);
     prefill untouched."""
     from kvedge.common.model.batch import SPEC_ROWS, spec_rows_for
-    from kvedge.common.model.quant import Bf16Weight, Fp16Weight, products, rows_invariant
+    from kvedge.common.model.quant import Bf16Weight, Fp16Weight, invariant_multiple, products
 
     cls, dtype, spread = {"fp16": (Fp16Weight, torch.float16, 0.02),
                           "bf16": (Bf16Weight, torch.bfloat16, 0.1)}[fmt]
@@ -150,10 +150,10 @@ def test_half_decode_pads_as_its_probe_says_and_stays_near_fp32(name, fmt):
     exact = decode_logits(rt, ids, pos, batch)
     rt.use_decode_weights(fmt)
     assert isinstance(rt.decode_head, cls) and rt.decode_head.w.dtype == dtype
-    assert rt.decode_rows_invariant == rows_invariant(products(rt.decode_layers,
-                                                               rt.decode_head))
+    assert rt.decode_row_multiple == invariant_multiple(products(rt.decode_layers,
+                                                                 rt.decode_head))
     rows = row_multiple(rt, invariant=True)
-    assert rows == (1 if rt.decode_rows_invariant else ROW_MULTIPLE)
+    assert rows == (rt.decode_row_multiple or ROW_MULTIPLE)
     assert spec_rows_for(rt) == (rows if fmt == "fp16" else SPEC_ROWS)
     again = [started(rt, kind, n, seed) for seed, (kind, n) in enumerate(REQUESTS)]
     near = decode_logits(rt, ids, pos, again, rows)
@@ -222,14 +222,35 @@ class RowByRow(RowCounted):
     moves = ()
 
 
+class MatrixVector(RowCounted):
+    """One row rounds otherwise than every count from 2 on (fp16's CPU matmul on an
+    AVX-512/AMX Xeon, 2026-12-01: a matrix-vector path for one row)."""
+
+    moves = (1,)
+
+
+class ByPlace(RowByRow):
+    """Rounds a row by its place in the product (odd places otherwise): no padding helps."""
+
+    def __call__(self, x, bias=None):
+        return super().__call__(x) + 1e-6 * (torch.arange(len(x)) % 2)[:, None]
+
+
 def test_the_row_probe_finds_a_product_that_rounds_by_row_count():
-    from kvedge.common.model.quant import rows_invariant
+    from kvedge.common.model.quant import invariant_multiple, rows_invariant
 
     steady = [Int8Weight(weight(64, 128)), RowByRow(weight(96, 64))]
     assert rows_invariant(steady)
     assert not rows_invariant(steady + [RowCounted(weight(32, 64))])
     assert not rows_invariant([RowCounted(weight(32, 64))], rows=(1, 2))
     assert rows_invariant([RowCounted(weight(32, 64))], rows=(1, 4, 8))
+    # the least padding that holds: every weight's product must hold at it
+    assert invariant_multiple(steady) == 1
+    assert invariant_multiple(steady + [MatrixVector(weight(32, 64))]) == 2
+    assert invariant_multiple(steady + [RowCounted(weight(32, 64))]) == 4  # moves at 2, 3
+    assert invariant_multiple([MatrixVector(weight(32, 64)), RowCounted(weight(32, 64))]) == 4
+    assert invariant_multiple([ByPlace(weight(32, 64))]) is None
+    assert not rows_invariant([ByPlace(weight(32, 64))], rows=(2, 4), multiple=2)
 
 
 def fake_passes(monkeypatch, ms: dict):
@@ -254,16 +275,17 @@ def test_auto_takes_fp16_only_where_it_is_row_invariant_and_fast(monkeypatch):
 
     rt = tiny_runtime("tiny-llama")
     monkeypatch.setattr(runtime, "AUTO_SPEEDUP", 0.0)  # any fp16 pass is fast enough
-    monkeypatch.setattr(runtime, "rows_invariant", lambda weights: True)
+    monkeypatch.setattr(runtime, "invariant_multiple", lambda weights: 1)
     rt.use_decode_weights("auto")
-    assert rt.decode_format == "fp16" and rt.decode_rows_invariant
-    assert "row-invariant" in rt.decode_choice and row_multiple(rt, invariant=True) == 1
+    assert rt.decode_format == "fp16" and rt.decode_row_multiple == 1
+    assert "row-invariant padded to 1 row;" in rt.decode_choice
+    assert row_multiple(rt, invariant=True) == 1
     monkeypatch.setattr(runtime, "AUTO_SPEEDUP", 1e9)  # no pass is fast enough
     rt.use_decode_weights("auto")
-    assert rt.decode_format == "fp32" and "fp16 one-row pass" in rt.decode_choice
+    assert rt.decode_format == "fp32" and "fp16 pass of 1 row" in rt.decode_choice
     assert "fp16" not in rt._decode  # its copies are not kept
     monkeypatch.setattr(runtime, "AUTO_SPEEDUP", 0.0)
-    monkeypatch.setattr(runtime, "rows_invariant", lambda weights: False)
+    monkeypatch.setattr(runtime, "invariant_multiple", lambda weights: None)
     rt.use_decode_weights("auto")
     assert rt.decode_format == "fp32" and "not row-invariant" in rt.decode_choice
     assert "fp16" not in rt._decode
@@ -373,3 +395,33 @@ def test_serve_offers_the_formats_and_refuses_others():
     assert "DECODE_WEIGHTS; default: auto]" in " ".join(helped.output.split())
     assert "[fp32|bf16|auto] weights every forward over a prompt" in " ".join(
         helped.output.split())
+
+
+def test_auto_times_each_format_at_the_rows_a_lone_step_pads_to(monkeypatch):
+    """fp16 that holds only padded to 2 rows is timed at 2 rows, against fp32 at the rows
+    its own probe padded it to (1 in MKL's strict mode; 4 where nothing held); it is taken
+    where that 2-row pass still wins, and steps then pad (and draft) to 2 rows."""
+    import kvedge.common.model.runtime as runtime
+    from kvedge.common.model.batch import spec_rows_for
+
+    rt = tiny_runtime("tiny-llama")
+    rt._decode.clear()  # probe fp32 again, under the fake below
+    multiple = {True: 1, False: 2}  # fp32's weights are plain tensors, fp16's are not
+    monkeypatch.setattr(runtime, "invariant_multiple",
+                        lambda weights: multiple[isinstance(weights[0], torch.Tensor)])
+    fake_passes(monkeypatch, {("fp32", 1): 135, ("fp16", 2): 60})
+    rt.use_decode_weights("auto")
+    assert rt.decode_format == "fp16" and rt.decode_row_multiple == 2
+    assert rt.decode_choice == ("fp16 steps row-invariant padded to 2 rows; fp16 pass of "
+                                "2 rows 60.0 ms against fp32's of 1 row 135.0")
+    assert row_multiple(rt, invariant=True) == spec_rows_for(rt) == 2
+    assert row_multiple(rt, invariant=False) == 1
+    fake_passes(monkeypatch, {("fp32", 1): 135, ("fp16", 2): 100})  # not 1.5x faster
+    rt._decode.pop("fp16")
+    rt.use_decode_weights("auto")
+    assert rt.decode_format == "fp32" and rt.decode_choice.endswith("(< 1.5x faster)")
+    multiple[True] = None  # fp32 held at no multiple: timed at the most padding, 4 rows
+    rt._decode.clear()
+    fake_passes(monkeypatch, {("fp32", 4): 160, ("fp16", 2): 100})
+    rt.use_decode_weights("auto")
+    assert rt.decode_format == "fp16" and "fp32's of 4 rows 160.0" in rt.decode_choice

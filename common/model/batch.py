@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from kvedge.common.model.attention import sdpa, visible
 from kvedge.common.model.decoding import Decoding
 from kvedge.common.model.kvcache import LayerKV
-from kvedge.common.model.quant import linear
+from kvedge.common.model.quant import ROW_MULTIPLES, linear
 from kvedge.common.model.runtime import Runtime, rms_norm
 
 # CPU BLAS (MKL/oneDNN) rounds a row differently by the kernel that computes it: one row is a
@@ -33,13 +33,15 @@ from kvedge.common.model.runtime import Runtime, rms_norm
 # is the CPU's choice, not a rule: on an AVX-512/AMX Xeon (2026-12-01) MKL's default mode
 # needed 16 rows for most shapes and no multiple up to 32 for 576×1536 at 2 threads. MKL's
 # strict reproducible mode (`kvedge.common` sets `MKL_CBWR=AUTO,STRICT`) gives every row the
-# same bits from 1 row; where the load-time probe finds that (`Runtime.decode_rows_invariant`,
-# fp32 included) a step pads nothing, and ROW_MULTIPLE is only the fallback. Padding costs a
+# same bits from 1 row; where the load-time probe finds that (`Runtime.decode_row_multiple`,
+# fp32 included) a step pads nothing. fp16 there rounds one row (a matrix-vector product)
+# otherwise than every count from 2 on, so its steps pad to 2 (`quant.invariant_multiple`
+# finds the least multiple that holds); ROW_MULTIPLE is where none probed does. Padding costs a
 # request decoding alone: on 2 CPU cores SmolLM2's matmuls took ~90 ms for 4 rows against
 # ~50 ms for the one row of a matrix-vector product. `row_multiple=1` gives that back (one
 # request alone then computes exactly what `Runtime.forward` does) and, without the strict
 # mode, lets batched rows differ from lone ones in the last bits.
-ROW_MULTIPLE = 4
+ROW_MULTIPLE = ROW_MULTIPLES[-1]  # 4
 
 # Rows a step may fill with draft tokens (prompt lookup, `kvedge.common.model.speculate`).
 # Decode on a CPU reads every weight once per step whatever its row count up to a few rows:
@@ -73,11 +75,12 @@ def spec_rows_for(rt: Runtime) -> int:
 
 
 def row_multiple(rt: Runtime, invariant: bool) -> int:
-    """The row count a step pads to: 1 when invariance is not asked for, or when the step's
-    weights round every row the same whatever the count (int8's kernel, and fp32, fp16 or
-    bf16 where `quant.rows_invariant` found it so: `Runtime.decode_rows_invariant`); else
-    ROW_MULTIPLE."""
-    return ROW_MULTIPLE if invariant and not rt.decode_rows_invariant else 1
+    """The row count a step pads to: 1 when invariance is not asked for; else the least
+    multiple the load-time probe found the step's weights batch-invariant at
+    (`Runtime.decode_row_multiple`: 1 for int8's kernel, and for fp32, fp16 or bf16 where
+    they round every row the same whatever the count), or ROW_MULTIPLE where none held
+    (the most padding can do; no invariance is then claimed)."""
+    return (rt.decode_row_multiple or ROW_MULTIPLE) if invariant else 1
 
 
 @torch.no_grad()

@@ -100,11 +100,11 @@ class Fp16Weight:
     random 1,300-token context: 12 of 12 greedy tokens equal, int8 4 of 12). Where the CPU
     has no fast fp16 path (AVX2) it may be slower than fp32: measure before choosing it
     (`python -m kvedge.bench.decode_speed` prints the fp16 weight pass). Its steps are padded
-    to ROW_MULTIPLE rows (`batch.row_multiple`): no row-invariance is claimed for the CPU's
-    fp16 matmul — unless `rows_invariant` finds it so on the CPU at hand, as it did on that
-    one (1–64 rows, every weight shape of Qwen2.5-0.5B and SmolLM2), where the step then
-    pads nothing (`Runtime.decode_rows_invariant`). On an AVX-512/AMX Xeon (2026-12-01) it
-    was not, at any shape probed."""
+    to the least row multiple the load-time probe finds batch-invariant on the CPU at hand
+    (`invariant_multiple`, `batch.row_multiple`): on that one none (1–64 rows, every weight
+    shape of Qwen2.5-0.5B and SmolLM2, the same bits from 1 row); on an AVX-512/AMX Xeon
+    (2026-12-01) 2, its one-row product (a matrix-vector path) rounding otherwise than
+    every count from 2 on."""
 
     dtype = torch.float16  # what the weight is kept in, and the activations are cast to
 
@@ -140,8 +140,8 @@ class Bf16Weight(Fp16Weight):
     the reuse recompute, tens to hundreds of rows (`Runtime.use_prompt_weights`) — read where
     they are chosen. Not row-invariant: rows of a product of input width 1536 or 4864 differ
     alone and in a batch, while every count padded to 4 rows gave the 4-row blocks' bits
-    (1–80 rows, SmolLM2's and Qwen2.5-0.5B's widths), so bf16 steps are padded as fp32's are
-    (`batch.row_multiple`, through the load-time `rows_invariant` probe)."""
+    (1–80 rows, SmolLM2's and Qwen2.5-0.5B's widths), so bf16 steps are padded to the least
+    multiple the load-time probe finds to hold (`invariant_multiple`, `batch.row_multiple`)."""
 
     dtype = torch.bfloat16
 
@@ -153,35 +153,56 @@ _WEIGHTS = {"int8": Int8Weight, "fp16": Fp16Weight, "bf16": Bf16Weight}
 # and the output width it cuts weights to.
 PROBE_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64)
 PROBE_OUT = 2048
+# The row counts a decode step may pad to, tried smallest first (`invariant_multiple`); the
+# last is also what a step pads to where none holds (`batch.ROW_MULTIPLE`).
+ROW_MULTIPLES = (1, 2, 4)
 
 
 def rows_invariant(weights: list, rows: tuple[int, ...] = PROBE_ROWS,
-                   out: int = PROBE_OUT) -> bool:
-    """Whether each weight's product gives a row the same bits at each row count of `rows` as
-    alone, on this machine — what padding steps to ROW_MULTIPLE buys, had without padding.
+                   out: int = PROBE_OUT, multiple: int = 1) -> bool:
+    """Whether each weight's product gives a row the same bits at each row count of `rows`
+    that is a multiple of `multiple`, wherever the row sits, as at the head of a product of
+    `multiple` rows (1: alone) — on this machine. So a step padded to that multiple gives a
+    request the same bits alone or in any batch.
 
     Kernels pick their path by shape, not by values, so the check runs once per distinct
     shape of `weights` (fp32 tensors, multiplied as a step does by `F.linear`, or Int8Weight
     / Fp16Weight / Bf16Weight objects), on seeded random weights of the same class and
     shape, the output width cut to `out` (an LM head's 150K rows at 64 rows took 0.6 s a
     product; the reduction over the input width, where a row's rounding is decided, is kept
-    whole). Decision: a probe at load rather than a list of CPUs — fp16's CPU matmul was
-    row-invariant on an AVX-512 machine (2026-11-27, 1–64 rows at full shapes); fp32 BLAS
-    was not on any machine this project had in MKL's default mode, and is in its strict
-    reproducible mode (`kvedge.common`, which asks for it); nothing documents either for a
-    given CPU. It takes 0.2 s at load on Qwen2.5-0.5B, 0.1 s on SmolLM2 (quiet, 2 cores)."""
+    whole). Each row's reference is its product with the `multiple` - 1 rows after it (the
+    last wrap round to the first), so a row checked at position i of a wider product was
+    computed at position 0 of its own: a kernel whose rounding moved with a row's place
+    in its panel fails. Decision: a probe at load rather than a list of CPUs — fp16's CPU
+    matmul was row-invariant on an AVX-512 machine (2026-11-27, 1–64 rows at full shapes)
+    and, on an AVX-512/AMX Xeon (2026-12-01), not at one row (its matrix-vector path) but
+    at every count from 2 on; fp32 BLAS was not on any machine this project had in MKL's
+    default mode, and is in its strict reproducible mode (`kvedge.common`, which asks for
+    it); nothing documents either for a given CPU. At `multiple` 1 it takes 0.2 s at load
+    on Qwen2.5-0.5B, 0.1 s on SmolLM2 (quiet, 2 cores)."""
     shapes = {(type(w), tuple(w.shape)) for w in weights}
     device = {w.device for w in weights}
     gen = torch.Generator().manual_seed(0)
+    n_rows = max(rows)
     for cls, (n, k) in sorted(shapes, key=lambda c: (c[0].__name__, c[1])):
         weight = torch.randn(min(n, out), k, generator=gen).to(*device)
         w = functools.partial(F.linear, weight=weight) if issubclass(cls, torch.Tensor) \
             else cls(weight)
-        x = torch.randn(max(rows), k, generator=gen).to(*device)
-        alone = torch.cat([w(x[i:i + 1]) for i in range(max(rows))])
-        if not all(torch.equal(w(x[:m]), alone[:m]) for m in rows):
+        x = torch.randn(n_rows, k, generator=gen).to(*device)
+        heads = torch.cat([w(x[(i + torch.arange(multiple)) % n_rows])[:1]
+                           for i in range(n_rows)])
+        if not all(torch.equal(w(x[:m]), heads[:m]) for m in rows if m % multiple == 0):
             return False
     return True
+
+
+def invariant_multiple(weights: list, multiples: tuple[int, ...] = ROW_MULTIPLES,
+                       rows: tuple[int, ...] = PROBE_ROWS, out: int = PROBE_OUT) -> int | None:
+    """The smallest of `multiples` that steps over `weights` can pad their rows to and stay
+    batch-invariant on this machine (`rows_invariant` at that multiple), or None where none
+    does. 1: no padding; 2 for fp16 on a CPU whose one-row product takes another path than
+    every wider one (an AVX-512/AMX Xeon, 2026-12-01)."""
+    return next((m for m in multiples if rows_invariant(weights, rows, out, m)), None)
 
 
 # `auto` weights are chosen by timed passes over a sample of the model's weights: the first

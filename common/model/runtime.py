@@ -37,9 +37,9 @@ from kvedge.common.errors import (ActiveSetError, CacheError, InvalidOption,
 from kvedge.common.model.attention import OwnKV
 from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV, RaggedKV
 from kvedge.common.model.models import AUTO_DECODE, PROMPT_WEIGHTS
-from kvedge.common.model.quant import (AUTO_PROMPT_ROWS, AUTO_SPEEDUP, GIVE_UP,
-                                       decode_weights, linear, one_thread, pass_s, products,
-                                       rows_invariant, timed_layers)
+from kvedge.common.model.quant import (AUTO_PROMPT_ROWS, AUTO_SPEEDUP, GIVE_UP, ROW_MULTIPLES,
+                                       decode_weights, invariant_multiple, linear, one_thread,
+                                       pass_s, products, timed_layers)
 from kvedge.common.model.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -203,29 +203,30 @@ class Runtime:
         weight-only int8, fp16 or bf16 copies (`kvedge.common.model.quant`), or "auto"
         (`auto_decode_weights` picks fp32 or fp16; `decode_choice` says why).
         Forwards over a prompt read `prompt_layers` (`use_prompt_weights`). Set it between
-        steps (the scheduler's thread reads it per step). `decode_rows_invariant` says whether
-        the products were found row-invariant on this machine (`quant.rows_invariant`,
-        checked once per format, fp32's own weights included: steps over them need no
-        padding rows, `kvedge.common.model.batch.ROW_MULTIPLE`)."""
+        steps (the scheduler's thread reads it per step). `decode_row_multiple` is the row
+        count a step over them pads to for batch invariance: 1 where the products were found
+        row-invariant on this machine, 2 or 4 where only steps padded so were, None where no
+        multiple probed held (`quant.invariant_multiple`, checked once per format, fp32's own
+        weights included; `kvedge.common.model.batch.row_multiple`)."""
         if fmt == AUTO_DECODE:
             fmt, self.decode_choice = self.auto_decode_weights()
         else:
             self.decode_choice = "as asked"
-        self.decode_layers, self.decode_head, self.decode_rows_invariant = self._copies(fmt)
+        self.decode_layers, self.decode_head, self.decode_row_multiple = self._copies(fmt)
         self.decode_format = fmt
 
-    def _copies(self, fmt: str) -> tuple[list, object, bool]:
-        """(layers, head, row-invariant) of `fmt`'s decode weights, built and probed once."""
+    def _copies(self, fmt: str) -> tuple[list, object, int | None]:
+        """(layers, head, row multiple) of `fmt`'s decode weights, built and probed once."""
         if fmt not in self._decode:
             layers, head = decode_weights(self.layers, self.lm_head, fmt)
-            invariant = rows_invariant(products(layers, head))
-            self._decode[fmt] = layers, head, invariant
+            self._decode[fmt] = layers, head, invariant_multiple(products(layers, head))
         return self._decode[fmt]
 
     def auto_decode_weights(self) -> tuple[str, str]:
         """(format, why) for `--decode-weights auto`: fp16 copies where, on this machine,
-        their products are row-invariant (steps pad nothing and stay batch-invariant) and a
-        one-row pass over the first layers' weights (`quant.timed_layers`) takes at most
+        steps over them can be batch-invariant (`quant.invariant_multiple`: unpadded, or
+        padded to 2 or 4 rows) and a lone answer's step over the first layers' weights
+        (`quant.timed_layers`), at the rows each format pads it to, takes at most
         1 / AUTO_SPEEDUP of fp32's; else the model's own weights ("fp32"), the fp16 copies
         dropped. Only for an fp32 model on the CPU: elsewhere the model's own weights.
 
@@ -248,19 +249,21 @@ class Runtime:
         on SmolLM2 (19 layers timed; 2 cores, beside a benchmark)."""
         if (kept := self._own_weights_only()) is not None:
             return "fp32", kept
-        layers, head, invariant = self._copies("fp16")
-        if not invariant:
+        layers, head, multiple = self._copies("fp16")
+        if multiple is None:
             self._decode.pop("fp16")
-            return "fp32", "fp16 products are not row-invariant on this CPU"
+            return "fp32", (f"fp16 products are not row-invariant on this CPU at any padding "
+                            f"probed ({', '.join(map(str, ROW_MULTIPLES))} rows)")
+        own = self._copies("fp32")[2] or ROW_MULTIPLES[-1]  # what an fp32 step pads to
         n = timed_layers(self.layers)
-        fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1])
-        fp16_s = pass_s(products(layers[:n], head)[:-1])
+        fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1], own)
+        fp16_s = pass_s(products(layers[:n], head)[:-1], multiple)
+        took = (f"fp16 pass of {_rows(multiple)} {fp16_s * 1e3:.1f} ms against fp32's of "
+                f"{_rows(own)} {fp32_s * 1e3:.1f}")
         if fp16_s * AUTO_SPEEDUP > fp32_s:
             self._decode.pop("fp16")
-            return "fp32", (f"fp16 one-row pass {fp16_s * 1e3:.1f} ms against fp32's "
-                            f"{fp32_s * 1e3:.1f} (< {AUTO_SPEEDUP}x faster)")
-        return "fp16", (f"fp16 products row-invariant, one-row pass {fp16_s * 1e3:.1f} ms "
-                        f"against fp32's {fp32_s * 1e3:.1f}")
+            return "fp32", f"{took} (< {AUTO_SPEEDUP}x faster)"
+        return "fp16", f"fp16 steps row-invariant padded to {_rows(multiple)}; {took}"
 
     def _own_weights_only(self) -> str | None:
         """Why `auto` keeps the model's own weights whatever a probe would say — a model not
@@ -575,3 +578,8 @@ class PrefillResult:
     cache: KVCache                         # rotated at the prefill positions
     logits: torch.Tensor | None
     positions: torch.Tensor
+
+
+def _rows(n: int) -> str:
+    """'1 row', '2 rows': a pass's row count, as `auto_decode_weights` says it."""
+    return f"{n} row" + "s" * (n > 1)

@@ -49,10 +49,9 @@ The layout, and the decisions behind it:
   `decode_step` (SmolLM2, 1.3K: 66.5 against 66.0 ms, docs/serving.md), while the served CPU
   step drafts and is batch-invariant — a lone answer's tokens bit for bit those it gets in
   any batch. This step is neither (Exactness above). On CUDA that invariance is whatever
-  the load-time probe finds for cuBLAS (`Runtime.decode_rows_invariant`, the model's own
-  weights included): where it fails, `batch.row_multiple` pads to ROW_MULTIPLE rows — a
-  padding measured to give every row the same bits only for some CPUs' BLAS; nobody has
-  measured whether it does so for cuBLAS.
+  the load-time probe finds for cuBLAS (`Runtime.decode_row_multiple`, the model's own
+  weights included): steps pad to the least row multiple it found to hold, ROW_MULTIPLE
+  where none did (`batch.row_multiple`); nobody has run that probe on a GPU yet.
 """
 from __future__ import annotations
 
