@@ -220,6 +220,10 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
         prefetcher.start()
     click.echo(f"decode weights: {engine.rt.decode_format} ({engine.rt.decode_choice}); "
                f"prompt weights: {engine.rt.prompt_format} ({engine.rt.prompt_choice})", err=True)
+    if batch_invariant and engine.rt.decode_row_multiple is None:
+        click.echo(f"warning: {engine.rt.decode_format} decode steps are not batch-invariant on "
+                   f"this CPU at any padding probed; an answer may differ in its last bits with "
+                   f"what shares its steps (docs/serving.md)", err=True)
     click.echo(f"edge listening on {address.rsplit(':', 1)[0]}:{port} ({describe(tls)}), serving "
                f"{[t.key for t in targets]} from {cloud_address} (whole: "
                f"{[t.key for t in pinned]}); token in {state / 'edge.token'}", err=True)

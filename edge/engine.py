@@ -119,13 +119,14 @@ class _KB:
 class EdgeEngine:
     """Answers questions about synced KBs through the scheduler: concurrent answers share
     decode steps, up to `max_batch` at once and `max_queue` waiting, and with
-    `batch_invariant` an answer is the same whatever shares its steps
-    (kvedge.common.model.batch.ROW_MULTIPLE); greedy answers draft up to `spec_rows`
+    `batch_invariant` an answer is the same whatever shares its steps, where the load-time
+    probe finds padding that makes it so (`batch.row_multiple`; `kvedge serve` warns where
+    none does); greedy answers draft up to `spec_rows`
     rows a step from their prompt (default: batch.spec_rows_for; 0 = off); `decode_weights`
     "int8", "fp16" or "bf16" makes the steps after the first token read weight-only int8, fp16
     or bf16 copies (faster, not bit-exact: kvedge.common.model.quant; steps over copies found
-    row-invariant at load pad no rows), "auto" fp16 where a load-time probe finds it
-    row-invariant and fast, else fp32 (`Runtime.auto_decode_weights`); `prompt_weights` "bf16" makes
+    row-invariant at load pad no rows), "auto" fp16 where a load-time probe finds its steps
+    invariant and fast, else fp32 (`Runtime.auto_decode_weights`); `prompt_weights` "bf16" makes
     every forward over a prompt (an answer's start, session prefixes, segments computed here)
     read bf16 copies (`Runtime.use_prompt_weights`) — all but the fixed chat prefix, computed
     exactly once at load, which the cloud's packs are anchored behind. `ask` (the services)

@@ -141,7 +141,10 @@ class Bf16Weight(Fp16Weight):
     they are chosen. Not row-invariant: rows of a product of input width 1536 or 4864 differ
     alone and in a batch, while every count padded to 4 rows gave the 4-row blocks' bits
     (1–80 rows, SmolLM2's and Qwen2.5-0.5B's widths), so bf16 steps are padded to the least
-    multiple the load-time probe finds to hold (`invariant_multiple`, `batch.row_multiple`)."""
+    multiple the load-time probe finds to hold (`invariant_multiple`, `batch.row_multiple`).
+    On an AVX-512/AMX Xeon (2026-12-01) none did, up to 32 rows (1–64 probed, every Qwen
+    shape): there bf16 steps pad to ROW_MULTIPLE without being batch-invariant, and
+    `kvedge serve` warns."""
 
     dtype = torch.bfloat16
 

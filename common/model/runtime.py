@@ -246,7 +246,20 @@ class Runtime:
         A busy edge passes `--decode-weights bf16` (docs/serving.md, "bf16 weights").
         Beyond what `--decode-weights fp16` costs at load (the copies, the invariance probe),
         the timing adds 8 one-row passes over ~256 MB of weights: 0.07 s fp32 and 0.12 s fp16
-        on SmolLM2 (19 layers timed; 2 cores, beside a benchmark)."""
+        on SmolLM2 (19 layers timed; 2 cores, beside a benchmark).
+
+        Decision (2026-12-01): each format is timed at the rows a lone answer's step pads it
+        to (`decode_row_multiple`), and on one thread, as `auto_prompt_weights` is. On an
+        AVX-512/AMX Xeon fp16 holds only padded to 2 rows, and there a quiet box's 2-thread
+        passes put it level with fp32's one row (Qwen2.5-0.5B 15–21 against 17–20 ms,
+        SmolLM2 21–22 against 17–21: fp32), while the same probe beside a benchmark took
+        fp16 for SmolLM2 (45.6 against 75.7 ms): a busy box would have changed an edge's
+        answers at a restart. On one thread the quiet box gave the same verdict (Qwen 27–35
+        against 32–33 ms, SmolLM2 31–32 against 34–36), and so did 8 of 8 beside a 16K-token
+        benchmark, each pass less exposed to a descheduled second thread. Served steps
+        agreed: Qwen 141 ms a lone fp16 step padded to 2 rows against fp32's 163 (0.87×),
+        SmolLM2 67 against 55 (1.21×) (`python -m kvedge.bench.decode_speed`,
+        docs/serving.md)."""
         if (kept := self._own_weights_only()) is not None:
             return "fp32", kept
         layers, head, multiple = self._copies("fp16")
@@ -256,8 +269,9 @@ class Runtime:
                             f"probed ({', '.join(map(str, ROW_MULTIPLES))} rows)")
         own = self._copies("fp32")[2] or ROW_MULTIPLES[-1]  # what an fp32 step pads to
         n = timed_layers(self.layers)
-        fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1], own)
-        fp16_s = pass_s(products(layers[:n], head)[:-1], multiple)
+        with one_thread():
+            fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1], own)
+            fp16_s = pass_s(products(layers[:n], head)[:-1], multiple)
         took = (f"fp16 pass of {_rows(multiple)} {fp16_s * 1e3:.1f} ms against fp32's of "
                 f"{_rows(own)} {fp32_s * 1e3:.1f}")
         if fp16_s * AUTO_SPEEDUP > fp32_s:
