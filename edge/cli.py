@@ -212,7 +212,8 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
                         prompt_weights=prompt_weights, kv_budget=kv_budget or None,
                         alternates=standins, max_stall=max_stall)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
-                          engine.rt.decode_format, engine.rt.prompt_format)
+                          engine.rt.decode_format, engine.rt.prompt_format,
+                          (engine.batch_invariant, engine.step_rows))
     server, port = serve(engine, state, address, syncer, sync_interval, tls=tls, insecure=insecure,
                          metrics=metrics, default_strategy=strategy, top_k=top_k,
                          max_new_tokens=max_new_tokens)
@@ -220,7 +221,7 @@ def serve_cmd(cloud_address, cloud_token, kbs, alternates, pins, address, state_
         prefetcher.start()
     click.echo(f"decode weights: {engine.rt.decode_format} ({engine.rt.decode_choice}); "
                f"prompt weights: {engine.rt.prompt_format} ({engine.rt.prompt_choice})", err=True)
-    if batch_invariant and engine.rt.decode_row_multiple is None:
+    if batch_invariant and not engine.batch_invariant:
         click.echo(f"warning: {engine.rt.decode_format} decode steps are not batch-invariant on "
                    f"this CPU at any padding probed; an answer may differ in its last bits with "
                    f"what shares its steps (docs/serving.md)", err=True)

@@ -189,6 +189,20 @@ class EdgeEngine:
         if fetch_or_compute and fetcher is not None:
             self._fetch_or_compute(fetcher)
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether an answer is the same whatever shares its decode steps: asked for, and the
+        load-time probe found a padding of the decode weights' rows that makes it so
+        (`Runtime.decode_row_multiple`)."""
+        return self.scheduler.invariant and self.rt.decode_row_multiple is not None
+
+    @property
+    def step_rows(self) -> int:
+        """The rows a lone answer's decode step runs (`batch.row_multiple`: 1, no padding)."""
+        from kvedge.common.model.batch import row_multiple
+
+        return row_multiple(self.rt, self.scheduler.invariant)
+
     def _fetch_or_compute(self, fetcher) -> None:
         """Segment prefills on this edge (`local`) and the choice between them and fetches."""
         self.local = LocalPrefill(self.loaded.fingerprint, self.loaded.tokenizer_id,

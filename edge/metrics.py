@@ -24,11 +24,14 @@ class EdgeMetrics:
     `edge.sessions.PrefixCache`) when given; `decode_weights` and `prompt_weights`, the
     formats the decode steps and the forwards over prompts read (`Runtime.decode_format`,
     `Runtime.prompt_format`: what `--decode-weights` / `--prompt-weights` auto chose), each
-    as a 1 under its label."""
+    as a 1 under its label; `invariance`, (`EdgeEngine.batch_invariant`,
+    `EdgeEngine.step_rows`): whether answers are batch-invariant and the rows a lone
+    answer's decode step runs."""
 
     def __init__(self, registry: CollectorRegistry | None = None, cache=None, syncer=None,
                  sessions=None, decode_weights: str | None = None,
-                 prompt_weights: str | None = None):
+                 prompt_weights: str | None = None,
+                 invariance: tuple[bool, int] | None = None):
         self.registry = r = registry if registry is not None else CollectorRegistry()
         self.http = RequestMetrics(r, "http", ("method", "route"))
         self.ttft = Histogram("kvedge_edge_ttft_seconds", "time to the first answer token "
@@ -56,6 +59,14 @@ class EdgeMetrics:
             Gauge("kvedge_edge_prompt_weights", "1 under the format every forward over a "
                   "prompt reads (an answer's start: fp32 or bf16, what --prompt-weights, or "
                   "its auto probe, chose)", ["format"], registry=r).labels(prompt_weights).set(1)
+        if invariance is not None:
+            Gauge("kvedge_edge_batch_invariant", "1 where an answer is the same whatever shares "
+                  "its decode steps (--batch-invariant, and a row padding the load-time probe "
+                  "found to hold for the decode weights), else 0",
+                  registry=r).set(int(invariance[0]))
+            Gauge("kvedge_edge_decode_step_rows", "the rows a lone answer's decode step runs "
+                  "(1: no padding; 2 or 4 where the decode weights hold only padded so)",
+                  registry=r).set(invariance[1])
         if cache is not None or syncer is not None or sessions is not None:
             r.register(_Counts(cache, syncer, sessions))
 

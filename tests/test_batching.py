@@ -243,6 +243,23 @@ def test_answers_match_without_batch_invariance(loaded, state):
         engine.close()
 
 
+def test_the_engine_says_whether_its_answers_are_batch_invariant(engine, monkeypatch):
+    """What `kvedge serve` warns of and its metrics report: invariant where the load-time
+    probe found a row padding that holds (a lone step then runs that many rows), not where
+    none held (steps pad to ROW_MULTIPLE, nothing claimed), nor without --batch-invariant."""
+    from kvedge.common.model.batch import ROW_MULTIPLE
+
+    rt = engine.rt
+    assert engine.step_rows == (rt.decode_row_multiple or ROW_MULTIPLE)
+    assert engine.batch_invariant == (rt.decode_row_multiple is not None)
+    monkeypatch.setattr(rt, "decode_row_multiple", None)
+    assert not engine.batch_invariant and engine.step_rows == ROW_MULTIPLE
+    monkeypatch.setattr(rt, "decode_row_multiple", 2)
+    assert engine.batch_invariant and engine.step_rows == 2
+    monkeypatch.setattr(engine.scheduler, "invariant", False)
+    assert not engine.batch_invariant and engine.step_rows == 1
+
+
 def test_seeded_sampling_stays_per_request(engine):
     def ask(i):
         return comparable(list(engine.ask(Target("default", "facts"), QUESTIONS[i],

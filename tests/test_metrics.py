@@ -81,7 +81,8 @@ def edge(cloud):
     syncer.sync_once()
     engine = EdgeEngine(loaded, cache, state)
     metrics = EdgeMetrics(daemon_registry(), cache, syncer, engine.sessions,
-                          engine.rt.decode_format, engine.rt.prompt_format)
+                          engine.rt.decode_format, engine.rt.prompt_format,
+                          (engine.batch_invariant, engine.step_rows))
     server, port = serve_edge(engine, state, "127.0.0.1:0", metrics=metrics)
     http = serve_http(engine, state, [Target("default", "served")], "127.0.0.1:0",
                       max_new_tokens=4, metrics=metrics)
@@ -89,7 +90,7 @@ def edge(cloud):
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     yield {"stub": pb_grpc.EdgeStub(channel), "token": (state / "edge.token").read_text().strip(),
            "metrics": scrape_server.url, "http": f"http://127.0.0.1:{http.port}",
-           "syncer": syncer}
+           "syncer": syncer, "engine": engine}
     channel.close()
     scrape_server.stop()
     http.stop()
@@ -133,6 +134,9 @@ def test_calls_are_counted_by_final_status_and_return_their_request_id(edge):
     assert value(after, "process_resident_memory_bytes") > 0  # the daemon's own registry
     assert value(after, "kvedge_edge_decode_weights", format="fp32") == 1  # EdgeEngine's own
     assert value(after, "kvedge_edge_prompt_weights", format="fp32") == 1
+    engine = edge["engine"]
+    assert value(after, "kvedge_edge_batch_invariant") == int(engine.batch_invariant)
+    assert value(after, "kvedge_edge_decode_step_rows") == engine.step_rows
 
 
 def test_a_stream_the_client_cancels_is_counted_cancelled(edge):
