@@ -101,8 +101,8 @@ class Fp16Weight:
     has no fast fp16 path (AVX2) it may be slower than fp32: measure before choosing it
     (`python -m kvedge.bench.decode_speed` prints the fp16 weight pass). Its steps are padded
     to the least row multiple the load-time probe finds batch-invariant on the CPU at hand
-    (`invariant_multiple`, `batch.row_multiple`): on that one none (1–64 rows, every weight
-    shape of Qwen2.5-0.5B and SmolLM2, the same bits from 1 row); on an AVX-512/AMX Xeon
+    (`invariant_multiple`, `batch.row_multiple`): on that one 1, no padding (1–64 rows, every
+    weight shape of Qwen2.5-0.5B and SmolLM2, the same bits from 1 row); on an AVX-512/AMX Xeon
     (2026-12-01) 2, its one-row product (a matrix-vector path) rounding otherwise than
     every count from 2 on."""
 
