@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from kvedge.common.model.attention import sdpa, visible
 from kvedge.common.model.decoding import Decoding
 from kvedge.common.model.kvcache import LayerKV
-from kvedge.common.model.quant import ROW_MULTIPLES, linear
+from kvedge.common.model.quant import ROW_MULTIPLES, linear, padded_rows
 from kvedge.common.model.runtime import Runtime, rms_norm
 
 # CPU BLAS (MKL/oneDNN) rounds a row differently by the kernel that computes it: one row is a
@@ -80,7 +80,7 @@ def row_multiple(rt: Runtime, invariant: bool) -> int:
     (`Runtime.decode_row_multiple`: 1 for int8's kernel, and for fp32, fp16 or bf16 where
     they round every row the same whatever the count), or ROW_MULTIPLE where none held
     (the most padding can do; no invariance is then claimed)."""
-    return (rt.decode_row_multiple or ROW_MULTIPLE) if invariant else 1
+    return padded_rows(rt.decode_row_multiple) if invariant else 1
 
 
 @torch.no_grad()

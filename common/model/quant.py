@@ -208,6 +208,12 @@ def invariant_multiple(weights: list, multiples: tuple[int, ...] = ROW_MULTIPLES
     return next((m for m in multiples if rows_invariant(weights, rows, out, m)), None)
 
 
+def padded_rows(multiple: int | None) -> int:
+    """The rows a batch-invariant step pads to, given `invariant_multiple`'s answer: that
+    multiple, or the most padding probed (ROW_MULTIPLES[-1]) where none held."""
+    return multiple or ROW_MULTIPLES[-1]
+
+
 # `auto` weights are chosen by timed passes over a sample of the model's weights: the first
 # layers holding TIMED_BYTES of fp32 weights (beyond any cache, as a whole model's pass is),
 # each pass timed REPS times after a warm-up. Decode weights: a one-row pass (a lone answer's

@@ -39,7 +39,7 @@ from kvedge.common.model.kvcache import DenseKV, Extent, Fuse, KVCache, LayerKV,
 from kvedge.common.model.models import AUTO_DECODE, PROMPT_WEIGHTS
 from kvedge.common.model.quant import (AUTO_PROMPT_ROWS, AUTO_SPEEDUP, GIVE_UP, ROW_MULTIPLES,
                                        decode_weights, invariant_multiple, linear, one_thread,
-                                       pass_s, products, timed_layers)
+                                       padded_rows, pass_s, products, timed_layers)
 from kvedge.common.model.rope import Rope, head_dim_of
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -267,7 +267,7 @@ class Runtime:
             self._decode.pop("fp16")
             return "fp32", (f"fp16 products are not row-invariant on this CPU at any padding "
                             f"probed ({', '.join(map(str, ROW_MULTIPLES))} rows)")
-        own = self._copies("fp32")[2] or ROW_MULTIPLES[-1]  # what an fp32 step pads to
+        own = padded_rows(self._copies("fp32")[2])  # what an fp32 step pads to
         n = timed_layers(self.layers)
         with one_thread():
             fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1], own)
