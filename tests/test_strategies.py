@@ -147,7 +147,11 @@ def test_epic_recomputes_the_first_k_tokens_of_every_segment_and_legolink_both_e
     for strategy, local in ((get_strategy("epic"), lambda n: range(min(16, n))),
                             (get_strategy("epic", {"k": 4}), lambda n: range(4)),
                             (get_strategy("legolink"),
-                             lambda n: {*range(min(20, n)), *range(max(n - 20, 0), n)})):
+                             lambda n: {*range(min(20, n)), *range(max(n - 20, 0), n)}),
+                            (get_strategy("legolink", {"first": 4}),
+                             lambda n: {*range(min(4, n)), *range(max(n - 20, 0), n)}),
+                            (get_strategy("legolink", {"first": 0, "tokens": 8}),
+                             lambda n: set(range(max(n - 8, 0), n)))):
         plan = strategy.plan(rt, composed, reserve=0)
         want = {off + i for seg, off in zip(composed.segments, composed.offsets)
                 for i in local(seg.n_tokens)}

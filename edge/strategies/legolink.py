@@ -10,6 +10,11 @@ paragraphs of ~140 tokens), which is what caps legolink's first-token speed-up. 
 was measured and rejected: on 300 HotpotQA questions (Qwen2.5-0.5B, 10 paragraphs, each
 prefilled alone) tokens = 10 lost 0.032 F1 against 20, interval [−0.057, −0.008]
 (docs/results.md, hotpot-fixed).
+
+`first` sets the start apart from the end (−1, the default, takes `tokens` at both, as A3
+runs it). The paper does not split them; the option exists to measure which end carries the
+quality (StreamingLLM's sink needs ~4 tokens at the start, so `first` = 4 keeps the sink and
+the recent end for 24 tokens a segment instead of 40).
 """
 from __future__ import annotations
 
@@ -22,9 +27,11 @@ from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, boundary_
 from kvedge.edge.strategies.registry import STRATEGIES
 
 
-def ends(n: int, tokens: int) -> torch.Tensor:
-    """The first and last `tokens` of n indices (each once, sorted)."""
-    return torch.unique(torch.cat([torch.arange(min(tokens, n)),
+def ends(n: int, tokens: int, first: int | None = None) -> torch.Tensor:
+    """The first `first` (default `tokens`) and last `tokens` of n indices (each once,
+    sorted)."""
+    first = tokens if first is None else first
+    return torch.unique(torch.cat([torch.arange(min(first, n)),
                                    torch.arange(max(n - tokens, 0), n)]))
 
 
@@ -32,8 +39,11 @@ def ends(n: int, tokens: int) -> torch.Tensor:
 @dataclass
 class LegoLink(ReuseStrategy):
     tokens: int = option(20, 0, None, "tokens recomputed at each end of every segment")
+    first: int = option(-1, -1, None, "tokens recomputed at the start of every segment "
+                                      "(-1: `tokens`)")
 
     name = "legolink"
 
     def plan(self, rt, composed: Composed, reserve: int) -> Plan:
-        return boundary_plan(rt, composed, reserve, lambda n: ends(n, self.tokens))
+        first = self.tokens if self.first < 0 else self.first
+        return boundary_plan(rt, composed, reserve, lambda n: ends(n, self.tokens, first))
