@@ -32,12 +32,10 @@ from kvedge.edge.strategies.base import Composed, Plan, ReuseStrategy, boundary_
 from kvedge.edge.strategies.registry import STRATEGIES
 
 
-def ends(n: int, tokens: int, first: int | None = None) -> torch.Tensor:
-    """The first `first` (default `tokens`) and last `tokens` of n indices (each once,
-    sorted)."""
-    first = tokens if first is None else first
+def ends(n: int, first: int, last: int) -> torch.Tensor:
+    """The first `first` and last `last` of n indices (each once, sorted)."""
     return torch.unique(torch.cat([torch.arange(min(first, n)),
-                                   torch.arange(max(n - tokens, 0), n)]))
+                                   torch.arange(max(n - last, 0), n)]))
 
 
 @STRATEGIES.register
@@ -51,4 +49,4 @@ class LegoLink(ReuseStrategy):
 
     def plan(self, rt, composed: Composed, reserve: int) -> Plan:
         first = self.tokens if self.first < 0 else self.first
-        return boundary_plan(rt, composed, reserve, lambda n: ends(n, self.tokens, first))
+        return boundary_plan(rt, composed, reserve, lambda n: ends(n, first, self.tokens))
