@@ -3,6 +3,8 @@
 - Named kvedge errors print as one line `error: Type: message` with exit code 2.
 - `--json` output is snake_case with numbers as numbers (`proto_dict`), not protobuf's JSON
   mapping (camelCase keys, int64 as strings).
+- Progress bars (`progress_bar`, `advance`) redraw at tqdm's rate on a terminal and at most
+  every PIPE_REDRAW_S seconds into a pipe or a log, where each redraw is a line of its own.
 - Options whose values come from a registry use `RegistryChoice`: the registry is the only
   list, read when the option is checked or its help shown (not at import: `--help` of other
   commands never imports torch).
@@ -18,6 +20,9 @@ import click
 from kvedge.common.errors import KvedgeError
 
 CLOUD_ADDRESS = "127.0.0.1:50051"
+# A wait polls its server every ~0.3 s; drawn on each poll, a bar writes ~200 "\r" redraws a
+# minute, and in a CI log or a file each is a line. A log wants the state now and then.
+PIPE_REDRAW_S = 30.0
 EDGE_ADDRESS = "127.0.0.1:50052"
 
 
@@ -88,3 +93,21 @@ def echo_messages(messages, as_json: bool, line: Callable[[object], None]) -> No
         return
     for m in messages:
         line(m)
+
+
+def progress_bar(file=None, **kwargs):
+    """A tqdm bar on `file` (stderr): tqdm's redraw rate on a terminal, at most one redraw
+    every PIPE_REDRAW_S seconds elsewhere; kwargs go to tqdm (desc, unit, total...)."""
+    from tqdm import tqdm
+
+    file = file or sys.stderr
+    tty = getattr(file, "isatty", lambda: False)()
+    return tqdm(file=file, mininterval=0.1 if tty else PIPE_REDRAW_S, **kwargs)
+
+
+def advance(bar, done: int, total: int | None = None) -> None:
+    """Set `bar` to `done` (of `total`, where a poll reports it; None keeps the bar's), redrawn
+    only as the bar's rate allows (a refresh on every poll would defeat `progress_bar`)."""
+    if total is not None:
+        bar.total = total
+    bar.update(done - bar.n)

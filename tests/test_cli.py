@@ -86,3 +86,35 @@ def test_the_command_lines_start_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_progress_into_a_pipe_redraws_rarely_and_ends_at_the_last_poll():
+    import io
+
+    from kvedge.common.cli import PIPE_REDRAW_S, advance, progress_bar
+
+    log = io.StringIO()  # not a terminal: a CI log, `kvctl upload ... 2> file`
+    bar = progress_bar(file=log, desc="prefill", unit="seg")
+    assert bar.mininterval == PIPE_REDRAW_S
+    for done in range(201):  # a wait's polls, far quicker than PIPE_REDRAW_S
+        advance(bar, done, 200 if done else None)  # the total arrives with the first reply
+    bar.close()
+    draws = log.getvalue().split("\r")
+    assert len([d for d in draws if d.strip()]) <= 3  # the first draw, close's, not 200
+    assert "200/200" in draws[-1]
+
+
+def test_progress_on_a_terminal_keeps_tqdm_rate():
+    import io
+
+    from kvedge.common.cli import PIPE_REDRAW_S, advance, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    bar = progress_bar(file=Terminal(), total=10, unit="B")
+    assert bar.mininterval < PIPE_REDRAW_S
+    advance(bar, 4)
+    assert bar.n == 4 and bar.total == 10  # no total from the poll: the bar keeps its own
+    bar.close()

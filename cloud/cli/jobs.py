@@ -6,7 +6,8 @@ import sys
 import click
 
 from kvedge.cloud.cli.connect import cloud_client, with_cloud
-from kvedge.common.cli import RegistryChoice, echo_json, echo_messages, proto_dict
+from kvedge.common.cli import (RegistryChoice, advance, echo_json, echo_messages, progress_bar,
+                               proto_dict)
 from kvedge.common.model.models import DEFAULT_MODEL
 from kvedge.common.pack.codecs import DEFAULT_CODEC
 
@@ -54,17 +55,14 @@ def job_group():
 @click.option("--wait/--no-wait", default=True, show_default=True)
 def job_submit(kbs, method, budget, codec, address, token, tls_ca, namespace, wait):
     """Compress every context of the KBs; the result is a new variant of each KB."""
-    from tqdm import tqdm
-
     with cloud_client(address, token, tls_ca) as cloud:
         job = cloud.submit_job(namespace, list(kbs), method, budget, codec)
         click.echo(f"job {job.job_id} submitted: {job.total} contexts → variant {job.variant}")
         if not wait:
             return
-        bar = tqdm(total=job.total, unit="ctx", desc=job.job_id)
+        bar = progress_bar(total=job.total, unit="ctx", desc=job.job_id)
         for job in cloud.watch_job(namespace, job.job_id):
-            bar.n = job.done
-            bar.refresh()
+            advance(bar, job.done, job.total)
         bar.close()
         _print_job(job)
         if job.status != "done":

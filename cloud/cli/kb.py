@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from kvedge.cloud.cli.connect import cloud_client, with_cloud
-from kvedge.common.cli import echo_json, echo_messages, proto_dict
+from kvedge.common.cli import advance, echo_json, echo_messages, progress_bar, proto_dict
 
 
 @click.command("upload")
@@ -18,15 +18,11 @@ from kvedge.common.cli import echo_json, echo_messages, proto_dict
 def upload_cmd(folder, name, address, token, tls_ca, namespace, segment_tokens, whole, codec,
                no_wait):
     """Upload a folder of .txt/.md files as a knowledge base (unchanged files are skipped)."""
-    from tqdm import tqdm
-
     with cloud_client(address, token, tls_ca) as cloud:
-        bar = tqdm(unit="B", unit_scale=True, desc="upload", leave=True)
+        bar = progress_bar(unit="B", unit_scale=True, desc="upload")
 
         def sent(done, total):
-            bar.total = total
-            bar.n = done
-            bar.refresh()
+            advance(bar, done, total)
 
         reply = cloud.upload(folder, namespace, name, segment_tokens=segment_tokens, whole=whole,
                              codec=codec, progress=sent)
@@ -38,12 +34,10 @@ def upload_cmd(folder, name, address, token, tls_ca, namespace, segment_tokens, 
                        err=True)
         if no_wait:
             return
-        seg_bar = tqdm(desc="prefill", unit="seg")
+        seg_bar = progress_bar(desc="prefill", unit="seg")
 
         def ingest(info):
-            seg_bar.total = info.segments_total or None
-            seg_bar.n = info.segments_done
-            seg_bar.refresh()
+            advance(seg_bar, info.segments_done, info.segments_total or None)
 
         info = cloud.wait_ready(namespace, name, progress=ingest)
         seg_bar.close()
