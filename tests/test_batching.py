@@ -252,9 +252,10 @@ def test_the_engine_says_whether_its_answers_are_batch_invariant(engine, monkeyp
     rt = engine.rt
     assert engine.step_rows == (rt.decode_row_multiple or ROW_MULTIPLE)
     assert engine.batch_invariant == (rt.decode_row_multiple is not None)
-    monkeypatch.setattr(rt, "decode_row_multiple", None)
+    probed = rt._multiples  # the probe's outcome, forced
+    monkeypatch.setitem(probed, rt.decode_format, None)
     assert not engine.batch_invariant and engine.step_rows == ROW_MULTIPLE
-    monkeypatch.setattr(rt, "decode_row_multiple", 2)
+    monkeypatch.setitem(probed, rt.decode_format, 2)
     assert engine.batch_invariant and engine.step_rows == 2
     monkeypatch.setattr(engine.scheduler, "invariant", False)
     assert not engine.batch_invariant and engine.step_rows == 1

@@ -397,6 +397,28 @@ def test_serve_offers_the_formats_and_refuses_others():
         helped.output.split())
 
 
+def test_the_row_probe_runs_only_for_a_runtime_that_decodes(monkeypatch):
+    """A runtime that never decodes — the cloud's prefill, an eviction method's scoring —
+    never probes its rows; the first read does, once a format; asking for decode weights
+    probes at once (the edge asks at load, so that its first answer does not wait);
+    bf16 prompt weights alone need no probe."""
+    import kvedge.common.model.runtime as runtime
+
+    probed = []
+    monkeypatch.setattr(runtime, "invariant_multiple",
+                        lambda weights: probed.append(type(weights[0]).__name__) or 1)
+    rt = tiny_runtime("tiny-llama")
+    rt.prefill(torch.arange(12))
+    rt.use_prompt_weights("bf16")
+    assert probed == []
+    assert rt.decode_row_multiple == 1 and rt.decode_row_multiple == 1
+    assert probed == ["Parameter"]  # fp32: the model's own weights, once
+    rt.use_decode_weights("fp16")
+    assert probed == ["Parameter", "Fp16Weight"]
+    rt.use_decode_weights("fp32")  # probed already: not again
+    assert probed == ["Parameter", "Fp16Weight"] and row_multiple(rt, invariant=True) == 1
+
+
 def test_auto_times_each_format_at_the_rows_a_lone_step_pads_to(monkeypatch):
     """fp16 that holds only padded to 2 rows is timed at 2 rows, against fp32 at the rows
     its own probe padded it to (1 in MKL's strict mode; 4 where nothing held); it is taken
@@ -405,7 +427,7 @@ def test_auto_times_each_format_at_the_rows_a_lone_step_pads_to(monkeypatch):
     from kvedge.common.model.batch import spec_rows_for
 
     rt = tiny_runtime("tiny-llama")
-    rt._decode.clear()  # probe fp32 again, under the fake below
+    rt._multiples.clear()  # probe fp32 again, under the fake below
     multiple = {True: 1, False: 2}  # fp32's weights are plain tensors, fp16's are not
     monkeypatch.setattr(runtime, "invariant_multiple",
                         lambda weights: multiple[isinstance(weights[0], torch.Tensor)])
@@ -419,11 +441,11 @@ def test_auto_times_each_format_at_the_rows_a_lone_step_pads_to(monkeypatch):
     assert ms["threads", "fp32"] == ms["threads", "fp16"] == 1  # a busy CPU cannot tip it
     assert row_multiple(rt, invariant=False) == 1
     fake_passes(monkeypatch, {("fp32", 1): 135, ("fp16", 2): 100})  # not 1.5x faster
-    rt._decode.pop("fp16")
+    rt._drop("fp16")
     rt.use_decode_weights("auto")
     assert rt.decode_format == "fp32" and rt.decode_choice.endswith("(< 1.5x faster)")
     multiple[True] = None  # fp32 held at no multiple: timed at the most padding, 4 rows
-    rt._decode.clear()
+    rt._multiples.clear()
     fake_passes(monkeypatch, {("fp32", 4): 160, ("fp16", 2): 100})
     rt.use_decode_weights("auto")
     assert rt.decode_format == "fp16" and "fp32's of 4 rows 160.0" in rt.decode_choice

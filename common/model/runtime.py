@@ -167,12 +167,16 @@ class Runtime:
         self.final_norm = model.model.norm.weight
         self.lm_head = model.lm_head.weight
         self._decode: dict[str, tuple] = {}  # decode weights by format, built once each
+        self._multiples: dict[str, int | None] = {}  # and their row multiples, probed once
         # called with no arguments after each layer of every `forward` (None: nothing): the
         # edge's scheduler steps the answers already decoding there while one starts
         # (`kvedge.edge.scheduler.Scheduler`'s max_stall); it must leave this forward's
         # tensors alone
         self.between_layers: Callable[[], None] | None = None
-        self.use_decode_weights("fp32")
+        # the model's own weights, their row probe left to the first step that reads it: a
+        # runtime that never decodes (the cloud's prefill, an eviction method's scoring) does
+        # not pay it (0.1-0.2 s on Qwen2.5-0.5B on a quiet 2-core box, 4 s beside a benchmark)
+        self.use_decode_weights("fp32", probe=False)
         self.use_prompt_weights("fp32")
 
     def use_prompt_weights(self, fmt: str) -> None:
@@ -195,10 +199,10 @@ class Runtime:
         else:
             raise InvalidOption(f"prompt weights {fmt!r}: choose one of {PROMPT_WEIGHTS} or "
                                 f"{AUTO_DECODE!r}")
-        self.prompt_layers = self.layers if fmt == "fp32" else self._copies(fmt)[0]
+        self.prompt_layers = self._weights(fmt)[0]
         self.prompt_format = fmt
 
-    def use_decode_weights(self, fmt: str) -> None:
+    def use_decode_weights(self, fmt: str, probe: bool = True) -> None:
         """What decode steps (`batch.decode_step`) read: the model's own weights ("fp32") or
         weight-only int8, fp16 or bf16 copies (`kvedge.common.model.quant`), or "auto"
         (`auto_decode_weights` picks fp32 or fp16; `decode_choice` says why).
@@ -207,20 +211,38 @@ class Runtime:
         count a step over them pads to for batch invariance: 1 where the products were found
         row-invariant on this machine, 2 or 4 where only steps padded so were, None where no
         multiple probed held (`quant.invariant_multiple`, checked once per format, fp32's own
-        weights included; `kvedge.common.model.batch.row_multiple`)."""
+        weights included; `kvedge.common.model.batch.row_multiple`); `probe` checks it now,
+        so that the first answer does not wait for it (False: at the first read)."""
         if fmt == AUTO_DECODE:
             fmt, self.decode_choice = self.auto_decode_weights()
         else:
             self.decode_choice = "as asked"
-        self.decode_layers, self.decode_head, self.decode_row_multiple = self._copies(fmt)
+        self.decode_layers, self.decode_head = self._weights(fmt)
         self.decode_format = fmt
+        if probe:
+            self._row_multiple(fmt)
 
-    def _copies(self, fmt: str) -> tuple[list, object, int | None]:
-        """(layers, head, row multiple) of `fmt`'s decode weights, built and probed once."""
+    @property
+    def decode_row_multiple(self) -> int | None:
+        return self._row_multiple(self.decode_format)
+
+    def _weights(self, fmt: str) -> tuple[list, object]:
+        """(layers, head) of `fmt`'s weights (the model's own for fp32), copies built once."""
         if fmt not in self._decode:
-            layers, head = decode_weights(self.layers, self.lm_head, fmt)
-            self._decode[fmt] = layers, head, invariant_multiple(products(layers, head))
+            self._decode[fmt] = decode_weights(self.layers, self.lm_head, fmt)
         return self._decode[fmt]
+
+    def _row_multiple(self, fmt: str) -> int | None:
+        """The rows a step over `fmt`'s weights pads to (`quant.invariant_multiple`), probed
+        once: prompt weights alone never need it."""
+        if fmt not in self._multiples:
+            self._multiples[fmt] = invariant_multiple(products(*self._weights(fmt)))
+        return self._multiples[fmt]
+
+    def _drop(self, fmt: str) -> None:
+        """Forget `fmt`'s copies (and their probe), which auto did not take."""
+        self._decode.pop(fmt, None)
+        self._multiples.pop(fmt, None)
 
     def auto_decode_weights(self) -> tuple[str, str]:
         """(format, why) for `--decode-weights auto`: fp16 copies where, on this machine,
@@ -262,12 +284,12 @@ class Runtime:
         docs/serving.md)."""
         if (kept := self._own_weights_only()) is not None:
             return "fp32", kept
-        layers, head, multiple = self._copies("fp16")
-        if multiple is None:
-            self._decode.pop("fp16")
+        layers, head = self._weights("fp16")
+        if (multiple := self._row_multiple("fp16")) is None:
+            self._drop("fp16")
             return "fp32", (f"fp16 products are not row-invariant on this CPU at any padding "
                             f"probed ({', '.join(map(str, ROW_MULTIPLES))} rows)")
-        own = padded_rows(self._copies("fp32")[2])  # what an fp32 step pads to
+        own = padded_rows(self._row_multiple("fp32"))  # what an fp32 step pads to
         n = timed_layers(self.layers)
         with one_thread():
             fp32_s = pass_s(products(self.layers[:n], self.lm_head)[:-1], own)
@@ -275,7 +297,7 @@ class Runtime:
         took = (f"fp16 pass of {_rows(multiple)} {fp16_s * 1e3:.1f} ms against fp32's of "
                 f"{_rows(own)} {fp32_s * 1e3:.1f}")
         if fp16_s * AUTO_SPEEDUP > fp32_s:
-            self._decode.pop("fp16")
+            self._drop("fp16")
             return "fp32", f"{took} (< {AUTO_SPEEDUP}x faster)"
         return "fp16", f"fp16 steps row-invariant padded to {_rows(multiple)}; {took}"
 
@@ -307,7 +329,7 @@ class Runtime:
         n = timed_layers(self.layers)
 
         def cost(fmt: str, beyond: float | None = None) -> float:
-            return pass_s(products(self._copies(fmt)[0][:n], self.lm_head)[:-1],
+            return pass_s(products(self._weights(fmt)[0][:n], self.lm_head)[:-1],
                           AUTO_PROMPT_ROWS, beyond=beyond)
 
         costs = {}
@@ -316,7 +338,7 @@ class Runtime:
             costs["bf16"] = cost("bf16", beyond=GIVE_UP * costs["fp32"] / AUTO_SPEEDUP)
         best = "bf16" if costs["bf16"] * AUTO_SPEEDUP <= costs["fp32"] else "fp32"
         if best == "fp32" and self.decode_format != "bf16":
-            self._decode.pop("bf16")
+            self._drop("bf16")
         return best, (f"a {AUTO_PROMPT_ROWS}-row pass, ms: fp32 {costs['fp32'] * 1e3:.1f}, "
                       f"bf16 {costs['bf16'] * 1e3:.1f} (bf16 needs {AUTO_SPEEDUP}x)")
 
