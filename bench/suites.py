@@ -118,6 +118,7 @@ class Bench:
         self._ceilings: dict[tuple, list[dict]] = {}
         self._signals = None  # the signals methods share (a SignalMemo, made on first use)
         self._measured: dict[str, tuple] = {}  # `_kept`'s: (tensors, seconds) by key
+        self._item_lists: dict[tuple, list[QAItem]] = {}  # `_items`' by what makes them
         self._store = CeilingStore(self.ceilings) if self.ceilings else None
         self._partial = CeilingStore(self.partial) if self.partial else None
         self._kept_here: set[str] = set()  # partial keys this process measured
@@ -323,9 +324,17 @@ class Bench:
         return ceiling_key(item, **settings, cell=cell.key)
 
     def _items(self, cell: Cell) -> list[QAItem]:
+        """The cell's items, made once for every cell of the same source (its method, budget,
+        codec and options do not change them): ruler-niah's 100 items at 16K tokens took
+        ~30 s to make on 2 cores (tokenizing the essays' sentences to fit each length), and
+        a run of 11 cells made them 11 times, minutes before its first item."""
         if cell.task == HOTPOT_KB:  # each question's documents: what the edge retrieves
             return self._kb(cell).items(cell.length, self.new_tokens, cell.items)
-        return cell_items(cell, self.prefill.loaded.tokenizer, self.doc_tokens)
+        source = (cell.task, cell.suite, cell.length, cell.items, cell.seed, cell.per_prompt)
+        if source not in self._item_lists:
+            self._item_lists[source] = cell_items(cell, self.prefill.loaded.tokenizer,
+                                                  self.doc_tokens)
+        return self._item_lists[source]
 
     def _run(self, cell: Cell, items: list[QAItem]) -> dict:
         def summarize_(outcomes: list[dict], ceilings: list[dict]) -> dict:

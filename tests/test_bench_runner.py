@@ -610,3 +610,29 @@ def test_a_cells_key_reads_back_into_the_cell():
         assert Cell.from_key(cell.key) == cell
     with pytest.raises(ValueError, match="not a cell key"):
         Cell.from_key("evict/ruler-niah/8192")
+
+
+def test_cells_of_one_source_share_their_items_made_once(monkeypatch):
+    """A run's cells differ by method, budget, codec and options over the same items: they
+    are made once a source (ruler-niah's 100 16K-token items took ~30 s each time), and a
+    cell of another length, count, seed or questions per prompt gets its own."""
+    import dataclasses
+
+    import kvedge.bench.suites as suites
+    from kvedge.bench.runner import Cell
+
+    made = []
+    real = suites.cell_items
+    monkeypatch.setattr(suites, "cell_items",
+                        lambda cell, *a: made.append(cell.key) or real(cell, *a))
+    bench = Bench("tiny-llama", max_new_tokens=2, breakdown=None)
+    cell = Cell("evict", "niah_single_prose", 256, "kvzip", 0.2, 2)
+    first = bench._items(cell)
+    for other in (dataclasses.replace(cell, method="snapkv", budget=0.1),
+                  dataclasses.replace(cell, codec="fp16", options="x=1")):
+        assert bench._items(other) is first
+    assert len(made) == 1
+    for other in (dataclasses.replace(cell, length=300), dataclasses.replace(cell, items=3),
+                  dataclasses.replace(cell, seed=1)):
+        assert bench._items(other) is not first
+    assert len(made) == 4 and [i.key for i in first] == [i.key for i in real(cell)]
