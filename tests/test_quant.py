@@ -441,7 +441,7 @@ def test_auto_times_each_format_at_the_rows_a_lone_step_pads_to(monkeypatch):
     assert ms["threads", "fp32"] == ms["threads", "fp16"] == 1  # a busy CPU cannot tip it
     assert row_multiple(rt, invariant=False) == 1
     fake_passes(monkeypatch, {("fp32", 1): 135, ("fp16", 2): 100})  # not 1.5x faster
-    rt._drop("fp16")
+    rt._drop_copies("fp16")
     rt.use_decode_weights("auto")
     assert rt.decode_format == "fp32" and rt.decode_choice.endswith("(< 1.5x faster)")
     multiple[True] = None  # fp32 held at no multiple: timed at the most padding, 4 rows

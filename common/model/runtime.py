@@ -239,7 +239,7 @@ class Runtime:
             self._multiples[fmt] = invariant_multiple(products(*self._weights(fmt)))
         return self._multiples[fmt]
 
-    def _drop(self, fmt: str) -> None:
+    def _drop_copies(self, fmt: str) -> None:
         """Forget `fmt`'s copies (and their probe), which auto did not take."""
         self._decode.pop(fmt, None)
         self._multiples.pop(fmt, None)
@@ -286,7 +286,7 @@ class Runtime:
             return "fp32", kept
         layers, head = self._weights("fp16")
         if (multiple := self._row_multiple("fp16")) is None:
-            self._drop("fp16")
+            self._drop_copies("fp16")
             return "fp32", (f"fp16 products are not row-invariant on this CPU at any padding "
                             f"probed ({', '.join(map(str, ROW_MULTIPLES))} rows)")
         own = padded_rows(self._row_multiple("fp32"))  # what an fp32 step pads to
@@ -297,7 +297,7 @@ class Runtime:
         took = (f"fp16 pass of {_rows(multiple)} {fp16_s * 1e3:.1f} ms against fp32's of "
                 f"{_rows(own)} {fp32_s * 1e3:.1f}")
         if fp16_s * AUTO_SPEEDUP > fp32_s:
-            self._drop("fp16")
+            self._drop_copies("fp16")
             return "fp32", f"{took} (< {AUTO_SPEEDUP}x faster)"
         return "fp16", f"fp16 steps row-invariant padded to {_rows(multiple)}; {took}"
 
@@ -338,7 +338,7 @@ class Runtime:
             costs["bf16"] = cost("bf16", beyond=GIVE_UP * costs["fp32"] / AUTO_SPEEDUP)
         best = "bf16" if costs["bf16"] * AUTO_SPEEDUP <= costs["fp32"] else "fp32"
         if best == "fp32" and self.decode_format != "bf16":
-            self._drop("bf16")
+            self._drop_copies("bf16")
         return best, (f"a {AUTO_PROMPT_ROWS}-row pass, ms: fp32 {costs['fp32'] * 1e3:.1f}, "
                       f"bf16 {costs['bf16'] * 1e3:.1f} (bf16 needs {AUTO_SPEEDUP}x)")
 
