@@ -20,10 +20,10 @@ import click
 from kvedge.common.errors import KvedgeError
 
 CLOUD_ADDRESS = "127.0.0.1:50051"
+EDGE_ADDRESS = "127.0.0.1:50052"
 # A wait polls its server every ~0.3 s; drawn on each poll, a bar writes ~200 "\r" redraws a
 # minute, and in a CI log or a file each is a line. A log wants the state now and then.
 PIPE_REDRAW_S = 30.0
-EDGE_ADDRESS = "127.0.0.1:50052"
 
 
 def home_path(*parts):

@@ -615,7 +615,7 @@ def test_a_cells_key_reads_back_into_the_cell():
 def test_cells_of_one_source_share_their_items_made_once(monkeypatch):
     """A run's cells differ by method, budget, codec and options over the same items: they
     are made once a source (ruler-niah's 100 16K-token items took ~30 s each time), and a
-    cell of another length, count, seed or questions per prompt gets its own."""
+    cell of another length, count or seed gets its own."""
     import dataclasses
 
     import kvedge.bench.suites as suites

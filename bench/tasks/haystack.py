@@ -33,7 +33,7 @@ def essays(rng: random.Random) -> Iterator[str]:
 
     RULER reads the essays from their start for every sample; a seeded start gives each
     item its own stretch of text, so items of one length do not share a haystack."""
-    text = list(essay_sentences())
+    text = essay_sentences()
     start = rng.randrange(len(text))
     return (s + " " for s in cycle(text[start:] + text[:start]))
 
