@@ -2,8 +2,8 @@
 against, counted by the needle's depth.
 
 `python -m kvedge.bench.niah_depth OUT [OUT ...] [--bins 5]` reads each OUT folder's finished
-cells (`results.jsonl`) and unfinished ones (`partial.jsonl`, with the full-KV ceiling their
-entries name in `ceilings.jsonl`) and prints, per cell, the needles found (containment:
+cells (`results.jsonl`) and unfinished ones (`partial.jsonl`, as `kvctl bench pair` reads
+them: `pair.all_cells`, with the full-KV ceiling their entries name in `ceilings.jsonl`) and prints, per cell, the needles found (containment:
 RULER's string_match_part) of those asked, in `--bins` equal bands of depth from the start of
 the context (0 %) to its end (100 %). A budget's losses can then be read as where they fall:
 an eviction that drops mid-context needles, or a model that loses them before any eviction
@@ -23,10 +23,9 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from kvedge.bench import unfinished
 from kvedge.bench.ceilings import read_entries
+from kvedge.bench.pair import all_cells
 from kvedge.bench.qa_report import _label
-from kvedge.bench.report import load
 from kvedge.bench.tasks import haystack as hay
 from kvedge.bench.tasks.niah import FAMILY
 from kvedge.bench.tasks.values import make_rng
@@ -50,9 +49,7 @@ def cells(folder: Path, metric: str = "contain") -> dict[str, dict[str, float]]:
     """{cell label: {item: score}} for every cell of `folder`, and the full-KV ceiling that
     its unfinished cells' entries name (finished runs keep it as their `full` rows)."""
     out: dict[str, dict[str, float]] = {}
-    results = folder / "results.jsonl"
-    finished = load(results) if results.is_file() else []
-    for row in finished + unfinished.cells(folder):
+    for row in all_cells(folder / "results.jsonl"):
         scores = {q["item"]: q[metric] for q in row.get("per_question") or []
                   if str(q.get("item", "")).startswith("ruler-niah/") and metric in q}
         if scores:

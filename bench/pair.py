@@ -74,6 +74,14 @@ def _matches(row: dict, field: str, value: str) -> bool:
     return got == value or (field == "codec" and got.split(":")[0] == value)
 
 
+def all_cells(results: Path) -> list[dict]:
+    """The rows of `results` and, after them, the unfinished cells of its folder's
+    `partial.jsonl` that no row supersedes (a finished cell's row is its record)."""
+    rows = load(results) if results.is_file() else []
+    finished = {row_key(r) for r in rows if "key" in r}  # supersede their partial rows
+    return rows + [c for c in unfinished.cells(results.parent) if c["key"] not in finished]
+
+
 def load_cell(ref: str) -> dict:
     """The one row of `RESULTS#FIELD=VALUE,...` (see the module docstring)."""
     path, _, filters = ref.partition("#")
@@ -87,9 +95,7 @@ def load_cell(ref: str) -> dict:
         if not eq:
             raise CellNotFound(f"{ref}: filter {part!r} is not FIELD=VALUE")
         wanted.append((field.strip(), value.strip()))
-    rows = load(results) if results.is_file() else []
-    finished = {row_key(r) for r in rows if "key" in r}  # supersede their partial rows
-    rows += [c for c in unfinished.cells(results.parent) if c["key"] not in finished]
+    rows = all_cells(results)
     found = [r for r in rows if all(_matches(r, f, v) for f, v in wanted)]
     if len(found) != 1:
         names = "; ".join(_name(r) for r in (found or rows))
